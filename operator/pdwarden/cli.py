@@ -1,0 +1,65 @@
+"""The `pdwarden` command line: one entry point for the operator, the CRD and the demo."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from pdwarden import __version__
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _not_built(what: str, issue: str) -> Command:
+    def run(_: argparse.Namespace) -> int:
+        print(
+            f"pdwarden: '{what}' is not built yet ({issue}); nothing was done.",
+            file=sys.stderr,
+        )
+        return 2
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pdwarden",
+        description=(
+            "pdwarden reconciles PDDeployment resources into prefill/decode worker pools and "
+            "repairs wedged KV transfers."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"pdwarden {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the operator against the current kubeconfig")
+    run.set_defaults(func=_not_built("pdwarden run", "the operator reconcile issue"))
+
+    crd = sub.add_parser("crd", help="print the PDDeployment CustomResourceDefinition as YAML")
+    crd.set_defaults(func=_not_built("pdwarden crd", "the PDDeployment API issue"))
+
+    status = sub.add_parser("status", help="show a PDDeployment's pools, wedges and actions")
+    status.add_argument("name", help="PDDeployment name")
+    status.add_argument("-n", "--namespace", default="default")
+    status.set_defaults(func=_not_built("pdwarden status", "the remediation issue"))
+
+    demo = sub.add_parser("demo", help="run the end-to-end wedge-and-repair demo")
+    demo.set_defaults(func=_not_built("pdwarden demo", "the demo issue"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    # Unknown options are named before a missing command is, so typos get a useful message.
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command is None:
+        parser.error("a COMMAND is required; see --help")
+    func: Command = args.func
+    return func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

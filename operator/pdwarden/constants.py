@@ -1,0 +1,37 @@
+"""The operator's identity, fixed once: API names, label keys, annotations, finalizer, handler ids.
+
+Everything that other code, tests, charts or users match on by name lives here so that it can
+never drift between modules.
+"""
+
+from typing import Final
+
+GROUP: Final = "pdwarden.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "PDDeployment"
+PLURAL: Final = "pddeployments"
+SINGULAR: Final = "pddeployment"
+SHORT_NAME: Final = "pdd"
+CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+
+FIELD_MANAGER: Final = "pdwarden"
+FINALIZER: Final = f"{GROUP}/finalizer"
+ANNOTATION_PREFIX: Final = GROUP
+
+LABEL_DEPLOYMENT: Final = f"{GROUP}/deployment"
+LABEL_ROLE: Final = f"{GROUP}/role"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+ANNOTATION_TEMPLATE_HASH: Final = f"{GROUP}/template-hash"
+ANNOTATION_RESET_BREAKER: Final = f"{GROUP}/reset-breaker"
+
+# Pod condition listed in decode pods' readinessGates; False = cordoned.
+CONDITION_SERVING: Final = f"{GROUP}/serving"
+
+ROLE_PREFILL: Final = "prefill"
+ROLE_DECODE: Final = "decode"
+ROLE_ROUTER: Final = "router"
+ROLES: Final = (ROLE_PREFILL, ROLE_DECODE, ROLE_ROUTER)
+
+HANDLER_RECONCILE: Final = "reconcile"
+HANDLER_SCRAPE: Final = "scrape"
