@@ -1,0 +1,97 @@
+"""Which local program stands in for which container image.
+
+Why: there is no container runtime, so an image name only decides how the container's command is
+resolved on this machine. The table (first match wins, on the last path component of the image's
+repository, ignoring registry, tag and digest):
+
+=================  ==========  ===============  ===================================================
+repository ends    runner      entrypoint       how argv[0] is resolved
+=================  ==========  ===============  ===================================================
+pdwarden           venv        ``pdwarden``     the venv's bin dir (of sys.executable), then PATH
+pdworker           venv        ``pdworker``     same
+python             venv        ``python``       same; ``python``/``python3``/``python3.X`` is the
+                                                venv interpreter itself
+kubectl            kubectl     ``kubectl``      ``kubectl`` is the pinned kubectl (``--kubectl``)
+busybox, alpine,   host        ``sh``           the host PATH (for ``sh -c`` glue and tests)
+debian, ubuntu
+=================  ==========  ===============  ===================================================
+
+Any other image fails its container with reason ``ImageNotMapped`` (like ``ErrImagePull``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+
+VENV_BIN = os.path.dirname(sys.executable)
+
+# repository suffix -> (runner, default entrypoint)
+IMAGE_TABLE: dict[str, tuple[str, str]] = {
+    "pdwarden": ("venv", "pdwarden"),
+    "pdworker": ("venv", "pdworker"),
+    "python": ("venv", "python"),
+    "kubectl": ("kubectl", "kubectl"),
+    "busybox": ("host", "sh"),
+    "alpine": ("host", "sh"),
+    "debian": ("host", "sh"),
+    "ubuntu": ("host", "sh"),
+}
+
+_PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
+
+
+class ImageNotMapped(Exception):
+    """The image has no local stand-in; the message says what would."""
+
+
+@dataclass(frozen=True)
+class Runner:
+    kind: str
+    entrypoint: str
+
+
+def repository_name(image: str) -> str:
+    """`ghcr.io/acme/pdworker:1.2@sha256:..` -> `pdworker`."""
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    return last.split(":", 1)[0]
+
+
+def runner_for(image: str) -> Runner:
+    repo = repository_name(image)
+    for suffix, (kind, entry) in IMAGE_TABLE.items():
+        if repo == suffix or repo.endswith(("-" + suffix, "_" + suffix)):
+            return Runner(kind, entry)
+    known = ", ".join(sorted(IMAGE_TABLE))
+    raise ImageNotMapped(
+        f"image {image!r} has no local stand-in; the local kubelet runs images whose repository "
+        f"ends with one of: {known} (see e2e/kubelet/images.py)"
+    )
+
+
+def resolve_argv(
+    image: str, command: list[str], args: list[str], kubectl: str | None, path: str
+) -> list[str]:
+    """Kubernetes semantics: `command` replaces the entrypoint, `args` the image's arguments."""
+    runner = runner_for(image)
+    argv = list(command) if command else [runner.entrypoint]
+    argv += list(args)
+    exe = argv[0]
+    if "/" in exe:
+        return argv
+    if runner.kind == "venv" and _PYTHON.match(exe):
+        found: str | None = sys.executable
+    elif runner.kind == "kubectl" and exe == "kubectl":
+        found = kubectl or shutil.which("kubectl", path=path)
+    elif runner.kind == "venv":
+        cand = os.path.join(VENV_BIN, exe)
+        found = cand if os.access(cand, os.X_OK) else shutil.which(exe, path=path)
+    else:
+        found = shutil.which(exe, path=path)
+    if not found:
+        raise FileNotFoundError(f"{exe!r} not found for image {image!r} (runner {runner.kind})")
+    return [found, *argv[1:]]
