@@ -29,7 +29,7 @@ if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
 say "building ${need[*]} into $bin"
-say "a cold build downloads ~1 GB of Go modules and compiles for 15-40 minutes on 2 cores; later runs reuse the cache"
+say "a cold build downloads ~1 GB of Go modules and compiles for 10-40 minutes on 2 cores (kube-apiserver, the first, is the slowest); later runs reuse the cache"
 
 build_date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 k8s_ldflags="-s -w"
@@ -41,7 +41,7 @@ done
 
 for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
   [ -x "$bin/$b" ] && continue
-  say "building $b $K8S_VERSION (the first one is the slowest: it compiles the shared packages)"
+  say "building $b $K8S_VERSION"
   t=$(date +%s)
   (cd "$here/k8s" && go build -ldflags "$k8s_ldflags" -o "$bin/$b.tmp" "k8s.io/kubernetes/cmd/$b")
   mv "$bin/$b.tmp" "$bin/$b"; took "$b" "$t"
