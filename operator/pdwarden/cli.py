@@ -22,6 +22,13 @@ def _not_built(what: str, issue: str) -> Command:
     return run
 
 
+def _print_crd(_: argparse.Namespace) -> int:
+    from pdwarden.api.crd import render_crd_yaml
+
+    sys.stdout.write(render_crd_yaml())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pdwarden",
@@ -37,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_not_built("pdwarden run", "the operator reconcile issue"))
 
     crd = sub.add_parser("crd", help="print the PDDeployment CustomResourceDefinition as YAML")
-    crd.set_defaults(func=_not_built("pdwarden crd", "the PDDeployment API issue"))
+    crd.set_defaults(func=_print_crd)
 
     status = sub.add_parser("status", help="show a PDDeployment's pools, wedges and actions")
     status.add_argument("name", help="PDDeployment name")

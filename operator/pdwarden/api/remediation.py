@@ -1,0 +1,166 @@
+"""How pdwarden repairs wedged KV transfers: the `spec.remediation` policy.
+
+Why its own module: this is the part of the spec that can hurt a running service (it fails
+requests, cordons and restarts decode pods), so its limits and cross-field rules live together and
+are read by the remediation engine as one frozen object.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field, WithJsonSchema, field_validator
+
+from pdwarden.api.base import ApiModel, Rule
+from pdwarden.constants import ANNOTATION_RESET_BREAKER
+
+Mode = Literal["Enforce", "DryRun", "Off"]
+Action = Literal["FailRooms", "CordonDecode", "RestartDecode"]
+ACTIONS: tuple[Action, ...] = ("FailRooms", "CordonDecode", "RestartDecode")
+PERCENT_PATTERN = r"^[0-9]{1,2}%$"  # 0% .. 99%: a budget of 100% could empty the decode pool
+_PERCENT = re.compile(PERCENT_PATTERN)
+MAX_BUDGET_COUNT = 512
+
+IntOrPercent = Annotated[
+    int | str,
+    WithJsonSchema({"x-kubernetes-int-or-string": True}),
+]
+
+_BUDGET = Rule(
+    cel=(
+        "type(self.maxUnavailableDecode) == string"
+        f" ? self.maxUnavailableDecode.matches('{PERCENT_PATTERN}')"
+        f" : (self.maxUnavailableDecode >= 0 && self.maxUnavailableDecode <= {MAX_BUDGET_COUNT})"
+    ),
+    message=(
+        f"maxUnavailableDecode must be a count from 0 to {MAX_BUDGET_COUNT} or a percentage "
+        "from 0% to 99%: a budget of 100% could take every decode pod out of service"
+    ),
+    field_path=".maxUnavailableDecode",
+    check=lambda s: (
+        bool(_PERCENT.match(s.max_unavailable_decode))
+        if isinstance(s.max_unavailable_decode, str)
+        else 0 <= s.max_unavailable_decode <= MAX_BUDGET_COUNT
+    ),
+)
+_WEDGE_AFTER_SCRAPE = Rule(
+    cel="self.wedgeAfterSeconds > self.scrapeIntervalSeconds",
+    message=(
+        "wedgeAfterSeconds must be greater than scrapeIntervalSeconds, "
+        "or a wedge could be declared from a single scrape"
+    ),
+    field_path=".wedgeAfterSeconds",
+    check=lambda s: s.wedge_after_seconds > s.scrape_interval_seconds,
+)
+_RESTART_AFTER_SCRAPE = Rule(
+    cel="self.restartAfterSeconds >= self.scrapeIntervalSeconds",
+    message=(
+        "restartAfterSeconds must be at least scrapeIntervalSeconds, so a cordoned decode pod "
+        "is scraped at least once before it is restarted"
+    ),
+    field_path=".restartAfterSeconds",
+    check=lambda s: s.restart_after_seconds >= s.scrape_interval_seconds,
+)
+_RESTART_NEEDS_CORDON = Rule(
+    cel="!('RestartDecode' in self.actions) || 'CordonDecode' in self.actions",
+    message="RestartDecode needs CordonDecode in actions: only a cordoned pod is restarted",
+    field_path=".actions",
+    check=lambda s: "RestartDecode" not in s.actions or "CordonDecode" in s.actions,
+)
+
+
+class RemediationSpec(ApiModel):
+    """How pdwarden detects wedged KV transfers and what it may do about them.
+
+    A room is wedged when it stays in a prefill worker's inflight queue (prefill finished, KV
+    transfer not) longer than wedgeAfterSeconds. pdwarden then fails the wedged rooms on the
+    prefill side (FailRooms), takes the decode pod they wait on out of service (CordonDecode), and
+    restarts that pod if it still makes no progress restartAfterSeconds later (RestartDecode).
+    """
+
+    mode: Mode = Field(
+        "Enforce",
+        description=(
+            "Enforce acts; DryRun records what it would do (status, Events) without acting; "
+            "Off neither scrapes nor acts."
+        ),
+    )
+    scrape_interval_seconds: int = Field(
+        5, ge=1, le=300, description="Seconds between two scrapes of every worker's /metrics."
+    )
+    wedge_after_seconds: int = Field(
+        60,
+        ge=2,
+        le=86400,
+        description=(
+            "Seconds a room may spend in the prefill inflight queue, after its prefill finished, "
+            "before it counts as wedged. Never time since the request arrived: long prefills are "
+            "legal. Must be greater than scrapeIntervalSeconds."
+        ),
+    )
+    actions: list[Action] = Field(
+        list(ACTIONS),
+        max_length=len(ACTIONS),
+        description=(
+            "What remediation may do, a set of FailRooms (fail wedged rooms on prefill), "
+            "CordonDecode (readiness gate False on the decode pod they wait on) and RestartDecode "
+            "(delete a cordoned decode pod that still makes no progress; needs CordonDecode)."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    restart_after_seconds: int = Field(
+        60,
+        ge=1,
+        le=86400,
+        description=(
+            "Seconds a cordoned decode pod may go without progress before RestartDecode deletes "
+            "it. At least scrapeIntervalSeconds."
+        ),
+    )
+    max_unavailable_decode: IntOrPercent = Field(
+        "25%",
+        description=(
+            "Budget of decode pods that remediation may hold cordoned or restarting at once: a "
+            "count, or a percentage (0%-99%) of spec.decode.replicas rounded down. Remediation "
+            "never takes the last ready decode pod out of service."
+        ),
+    )
+    max_actions_per_hour: int = Field(
+        20,
+        ge=1,
+        le=1000,
+        description=(
+            "Circuit breaker: after this many actions within one hour remediation stops acting "
+            "and sets the condition RemediationSuspended until an operator resets it with the "
+            f"annotation {ANNOTATION_RESET_BREAKER} or the hour passes."
+        ),
+    )
+    cooldown_seconds: int = Field(
+        60,
+        ge=0,
+        le=3600,
+        description=(
+            "Seconds after an action on a pod before remediation acts on that pod again, so the "
+            "effect of the last action can be seen first."
+        ),
+    )
+
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        _BUDGET,
+        _WEDGE_AFTER_SCRAPE,
+        _RESTART_AFTER_SCRAPE,
+        _RESTART_NEEDS_CORDON,
+    )
+
+    @field_validator("actions")
+    @classmethod
+    def _no_duplicates(cls, actions: list[Action]) -> list[Action]:
+        if len(set(actions)) != len(actions):
+            raise ValueError("actions must not repeat an action")
+        return actions
+
+    @property
+    def acts(self) -> bool:
+        """Whether remediation changes anything (Enforce), rather than only reporting."""
+        return self.mode == "Enforce"

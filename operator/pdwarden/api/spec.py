@@ -1,0 +1,129 @@
+"""The desired state of a PDDeployment: what to run, how KV moves, and how to repair it.
+
+Why this module exists: `PDDeploymentSpec` is the single source of truth for the CRD's spec
+schema (crd.py derives the OpenAPI schema and CEL rules from it) and the object the operator
+parses `spec` into at its boundary (parse.py), so both refuse the same specs with the same words.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from pdwarden.api.base import ApiModel, Rule, nested
+from pdwarden.api.pools import RouterSpec, WorkerPoolSpec
+from pdwarden.api.remediation import RemediationSpec
+
+Engine = Literal["pdworker", "sglang"]
+DEFAULT_BOOTSTRAP_PORT = 8998
+
+
+class ModelSpec(ApiModel):
+    """The model every prefill and decode worker loads."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=512,
+        description=(
+            "Model to serve. sglang: a Hugging Face id or a path inside the image, passed as "
+            "--model-path. pdworker: the name of a model the worker builds itself (e.g. tiny)."
+        ),
+    )
+    served_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="Name clients send in requests; defaults to name (--served-model-name).",
+    )
+
+
+class TransferSpec(ApiModel):
+    """How KV caches move from prefill to decode workers."""
+
+    backend: Literal["nixl"] = Field(
+        "nixl", description="KV transfer library; NIXL is the only one supported."
+    )
+    nixl_backend: Literal["UCX"] = Field(
+        "UCX", description="NIXL transport plugin; UCX runs over RDMA, TCP or shared memory."
+    )
+    bootstrap_port: int = Field(
+        DEFAULT_BOOTSTRAP_PORT,
+        ge=1024,
+        le=65535,
+        description=(
+            "Port of the prefill workers' bootstrap server, where decode workers fetch the "
+            "prefill's KV layout (sglang: --disaggregation-bootstrap-port)."
+        ),
+    )
+
+
+def _restarts_decode(s: PDDeploymentSpec) -> bool:
+    r = s.remediation
+    return r.mode == "Enforce" and "RestartDecode" in r.actions
+
+
+class PDDeploymentSpec(ApiModel):
+    """A prefill/decode disaggregated serving deployment that pdwarden runs and repairs."""
+
+    engine: Engine = Field(
+        "pdworker",
+        description=(
+            "What the pods run. pdworker: the reference KV-transfer worker that ships with "
+            "pdwarden. sglang: stock SGLang images and flags (spec.image is then required)."
+        ),
+    )
+    image: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1024,
+        description=(
+            "Container image of every role. Optional for pdworker (defaults to the pdworker image "
+            "of the operator's version); required for sglang."
+        ),
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        None, description="Image pull policy of every container; Kubernetes' default if unset."
+    )
+    model: ModelSpec = Field(description="The model to serve.")
+    transfer: TransferSpec = nested(TransferSpec)
+    prefill: WorkerPoolSpec = nested(WorkerPoolSpec, "The prefill worker pool.")
+    decode: WorkerPoolSpec = nested(
+        WorkerPoolSpec, "The decode worker pool; the scale subresource scales this pool."
+    )
+    router: RouterSpec = nested(RouterSpec, "The router that pairs prefill and decode workers.")
+    remediation: RemediationSpec = nested(RemediationSpec)
+
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="self.engine != 'sglang' || has(self.image)",
+            message="image is required when engine is sglang: pdwarden ships no SGLang image",
+            field_path=".image",
+            check=lambda s: s.engine != "sglang" or s.image is not None,
+        ),
+        Rule(
+            cel="self.engine != 'sglang' || !has(self.prefill) || self.prefill.gpus >= 1",
+            message="prefill.gpus must be at least 1 when engine is sglang",
+            field_path=".prefill.gpus",
+            check=lambda s: s.engine != "sglang" or s.prefill.gpus >= 1,
+        ),
+        Rule(
+            cel="self.engine != 'sglang' || !has(self.decode) || self.decode.gpus >= 1",
+            message="decode.gpus must be at least 1 when engine is sglang",
+            field_path=".decode.gpus",
+            check=lambda s: s.engine != "sglang" or s.decode.gpus >= 1,
+        ),
+        Rule(
+            cel=(
+                "!has(self.remediation) || !has(self.decode) || "
+                "self.remediation.mode != 'Enforce' || "
+                "!('RestartDecode' in self.remediation.actions) || self.decode.replicas >= 1"
+            ),
+            message=(
+                "decode.replicas must be at least 1 while remediation may restart decode pods; "
+                "set remediation.mode to DryRun or Off to scale decode to zero"
+            ),
+            field_path=".decode.replicas",
+            check=lambda s: not _restarts_decode(s) or s.decode.replicas >= 1,
+        ),
+    )

@@ -1,0 +1,137 @@
+"""The observed state of a PDDeployment, as the operator writes it to the status subresource.
+
+Why typed: a structural CRD prunes status fields it does not declare, so every field the operator
+writes must be in the schema; and the remediation ledger must survive operator restarts, so it is
+bounded here (MAX_HISTORY) and read back on every pass.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import AwareDatetime, Field
+
+from pdwarden.api.base import StatusModel
+
+ConditionType = Literal["Ready", "Progressing", "Degraded", "Wedged", "RemediationSuspended"]
+CONDITION_TYPES: tuple[ConditionType, ...] = (
+    "Ready",
+    "Progressing",
+    "Degraded",
+    "Wedged",
+    "RemediationSuspended",
+)
+LedgerAction = Literal["FailRooms", "CordonDecode", "RestartDecode", "UncordonDecode"]
+Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Wedged", "Failed"]
+MAX_WEDGES = 32
+MAX_HISTORY = 50
+MAX_CORDONED = 64
+MAX_MESSAGE = 1024
+
+
+class Condition(StatusModel):
+    """A metav1.Condition-shaped observation."""
+
+    type: ConditionType = Field(
+        description="Ready, Progressing, Degraded, Wedged or RemediationSuspended."
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(
+        min_length=1,
+        max_length=1024,
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+        description="CamelCase reason for the last transition.",
+    )
+    message: str = Field("", max_length=32768, description="Human-readable details.")
+    last_transition_time: AwareDatetime = Field(description="When status last changed.")
+    observed_generation: int | None = Field(
+        None, ge=0, description="metadata.generation this condition was computed from."
+    )
+
+
+class RoleStatus(StatusModel):
+    """Replica counts of one role, as its workload reports them."""
+
+    replicas: int = Field(0, ge=0, description="Pods the spec asks for.")
+    ready_replicas: int = Field(0, ge=0, description="Pods that are ready (and not cordoned).")
+    updated_replicas: int = Field(0, ge=0, description="Pods on the current template.")
+    summary: str = Field("", max_length=32, description="ready/desired, as kubectl get shows it.")
+    selector: str = Field("", max_length=MAX_MESSAGE, description="Label selector of the pods.")
+
+
+class DecodeStatus(RoleStatus):
+    """Replica counts of the decode pool, plus what remediation holds out of service."""
+
+    cordoned_replicas: int = Field(0, ge=0, description="Decode pods cordoned by remediation.")
+
+
+class WedgeFinding(StatusModel):
+    """A current wedge: rooms stuck in a worker's queue past spec.remediation.wedgeAfterSeconds."""
+
+    pod: str = Field(max_length=253, description="Worker pod whose queue holds the rooms.")
+    role: Literal["prefill", "decode"] = Field(description="Role of that pod.")
+    reason: str = Field(max_length=64, description="Detection rule that fired, e.g. InflightStuck.")
+    rooms: int = Field(0, ge=0, description="Number of wedged rooms.")
+    oldest_seconds: float = Field(0, ge=0, description="Age in the queue of the oldest room.")
+    peer: str | None = Field(None, max_length=253, description="Decode pod the rooms wait on.")
+    since: AwareDatetime = Field(description="When the wedge was first seen.")
+
+
+class CordonRecord(StatusModel):
+    """A decode pod held out of service by remediation."""
+
+    pod: str = Field(max_length=253, description="Cordoned decode pod.")
+    since: AwareDatetime = Field(description="When it was cordoned.")
+
+
+class LedgerEntry(StatusModel):
+    """One remediation action, taken or (in DryRun) only planned."""
+
+    time: AwareDatetime = Field(description="When the action was decided.")
+    action: LedgerAction = Field(description="What was done.")
+    pod: str = Field(max_length=253, description="Pod acted on.")
+    rooms: int = Field(0, ge=0, description="Rooms failed by the action.")
+    reason: str = Field("", max_length=MAX_MESSAGE, description="Why, in a sentence.")
+    dry_run: bool = Field(False, description="True if the action was only recorded (DryRun).")
+    outcome: Literal["Succeeded", "Failed", "Skipped"] = Field(
+        "Succeeded", description="What happened when the action was applied."
+    )
+
+
+class RemediationStatus(StatusModel):
+    """The remediation ledger: bounded, durable memory of what was done and what is held."""
+
+    history: list[LedgerEntry] = Field(
+        default_factory=list,
+        max_length=MAX_HISTORY,
+        description=f"The last {MAX_HISTORY} actions, oldest first.",
+    )
+    cordoned: list[CordonRecord] = Field(
+        default_factory=list, max_length=MAX_CORDONED, description="Decode pods cordoned now."
+    )
+    actions_last_hour: int = Field(0, ge=0, description="Actions counted by the circuit breaker.")
+    suspended: bool = Field(False, description="True while the circuit breaker is open.")
+    decode_budget: int = Field(0, ge=0, description="Decode pods remediation may hold now.")
+
+
+class PDDeploymentStatus(StatusModel):
+    """What pdwarden last observed and did."""
+
+    observed_generation: int | None = Field(
+        None, ge=0, description="metadata.generation the status was computed from."
+    )
+    phase: Phase | None = Field(None, description="One-word summary for kubectl get.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=len(CONDITION_TYPES),
+        description="Ready, Progressing, Degraded, Wedged, RemediationSuspended.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    prefill: RoleStatus | None = Field(None, description="Prefill pool replicas.")
+    decode: DecodeStatus | None = Field(None, description="Decode pool replicas.")
+    router: RoleStatus | None = Field(None, description="Router replicas.")
+    wedged_rooms: int = Field(0, ge=0, description="Rooms wedged now, over all findings.")
+    wedges: list[WedgeFinding] = Field(
+        default_factory=list, max_length=MAX_WEDGES, description="Current wedge findings."
+    )
+    remediation: RemediationStatus | None = Field(None, description="The remediation ledger.")

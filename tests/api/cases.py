@@ -1,0 +1,131 @@
+"""Specs the API server and the pydantic models must both refuse, with the field each names.
+
+One table serves two test files: test_api_rules.py checks the pydantic side without Kubernetes,
+test_crd_apiserver.py sends the same specs to a real kube-apiserver. Each case is a patch over a
+valid minimal spec, so a case fails for exactly one reason.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+CRD_FILE = ROOT / "crds" / "pddeployments.pdwarden.dev.yaml"
+DELETE = object()  # marks a key to remove in a patch
+
+BASE_SPEC: dict[str, Any] = {
+    "image": "pdwarden/pdworker:dev",
+    "model": {"name": "tiny"},
+    "prefill": {"replicas": 1, "gpus": 0},
+    "decode": {"replicas": 2, "gpus": 0},
+}
+
+
+def merged(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """A deep merge of `patch` into a copy of `base`; DELETE removes a key."""
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if value is DELETE:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+@dataclass(frozen=True)
+class Bad:
+    id: str
+    patch: dict[str, Any]
+    field: str  # the path the refusal must name, as the API server spells it
+    why: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return merged(BASE_SPEC, self.patch)
+
+
+BAD_SPECS: list[Bad] = [
+    Bad("replicas-negative", {"decode": {"replicas": -1}}, "spec.decode.replicas"),
+    Bad("replicas-absurd", {"prefill": {"replicas": 100000}}, "spec.prefill.replicas"),
+    Bad("replicas-string", {"decode": {"replicas": "2"}}, "spec.decode.replicas"),
+    Bad("router-replicas-float", {"router": {"replicas": 1.5}}, "spec.router.replicas"),
+    Bad("gpus-string", {"prefill": {"gpus": "1"}}, "spec.prefill.gpus"),
+    Bad("gpus-absurd", {"decode": {"gpus": 64}}, "spec.decode.gpus"),
+    Bad("engine-unknown", {"engine": "vllm"}, "spec.engine"),
+    Bad("model-missing", {"model": DELETE}, "spec.model"),
+    Bad("model-wrong-type", {"model": "tiny"}, "spec.model"),
+    Bad("action-unknown", {"remediation": {"actions": ["FailRooms", "Reboot"]}},
+        "spec.remediation.actions[1]"),
+    Bad("action-repeated", {"remediation": {"actions": ["FailRooms", "FailRooms"]}},
+        "spec.remediation.actions"),
+    Bad("restart-without-cordon", {"remediation": {"actions": ["FailRooms", "RestartDecode"]}},
+        "spec.remediation.actions"),
+    Bad("mode-unknown", {"remediation": {"mode": "Auto"}}, "spec.remediation.mode"),
+    Bad("wedge-equals-scrape",
+        {"remediation": {"scrapeIntervalSeconds": 10, "wedgeAfterSeconds": 10}},
+        "spec.remediation.wedgeAfterSeconds"),
+    Bad("wedge-below-scrape",
+        {"remediation": {"scrapeIntervalSeconds": 30, "wedgeAfterSeconds": 20}},
+        "spec.remediation.wedgeAfterSeconds"),
+    Bad("restart-before-scrape",
+        {"remediation": {"scrapeIntervalSeconds": 10, "restartAfterSeconds": 5}},
+        "spec.remediation.restartAfterSeconds"),
+    Bad("scrape-zero", {"remediation": {"scrapeIntervalSeconds": 0}},
+        "spec.remediation.scrapeIntervalSeconds"),
+    Bad("budget-100-percent", {"remediation": {"maxUnavailableDecode": "100%"}},
+        "spec.remediation.maxUnavailableDecode"),
+    Bad("budget-not-a-percent", {"remediation": {"maxUnavailableDecode": "half"}},
+        "spec.remediation.maxUnavailableDecode"),
+    Bad("budget-negative", {"remediation": {"maxUnavailableDecode": -1}},
+        "spec.remediation.maxUnavailableDecode"),
+    Bad("breaker-zero", {"remediation": {"maxActionsPerHour": 0}},
+        "spec.remediation.maxActionsPerHour"),
+    Bad("sglang-without-image", {"engine": "sglang", "image": DELETE,
+                                 "prefill": {"gpus": 1}, "decode": {"gpus": 1}}, "spec.image"),
+    Bad("sglang-on-cpu", {"engine": "sglang", "image": "lmsysorg/sglang:latest",
+                          "decode": {"gpus": 1}}, "spec.prefill.gpus"),
+    Bad("decode-zero-while-restarting", {"decode": {"replicas": 0}}, "spec.decode.replicas"),
+    Bad("bootstrap-port-privileged", {"transfer": {"bootstrapPort": 80}},
+        "spec.transfer.bootstrapPort"),
+    Bad("nixl-backend-unknown", {"transfer": {"nixlBackend": "TCP"}},
+        "spec.transfer.nixlBackend"),
+    Bad("reserved-label", {"prefill": {"labels": {"pdwarden.dev/role": "x"}}},
+        "spec.prefill.labels"),
+    Bad("gpu-in-resources", {"decode": {"resources": {"limits": {"nvidia.com/gpu": 1}}}},
+        "spec.decode.resources"),
+    Bad("quantity-garbage", {"prefill": {"resources": {"requests": {"cpu": "lots"}}}},
+        "spec.prefill.resources.requests.cpu"),
+    Bad("env-value-and-value-from",
+        {"prefill": {"env": [{"name": "A", "value": "1",
+                              "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]}},
+        "spec.prefill.env[0].valueFrom"),
+    Bad("env-duplicate-name",
+        {"decode": {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}},
+        "spec.decode.env"),
+    Bad("unknown-field-top", {"replicas": 3}, "spec.replicas"),
+    Bad("unknown-field-typo", {"remediation": {"wedgeAfter": 30}}, "spec.remediation.wedgeAfter"),
+]  # fmt: skip
+
+
+def load_examples() -> dict[str, dict[str, Any]]:
+    """Every example manifest by file name."""
+    return {p.name: yaml.safe_load(p.read_text()) for p in EXAMPLES}
+
+
+def prune_empty(value: Any) -> Any:
+    """Drop empty lists and maps, which the API server does not store for unset fields."""
+    if isinstance(value, dict):
+        pruned = {k: prune_empty(v) for k, v in value.items()}
+        return {k: v for k, v in pruned.items() if v not in ({}, [])}
+    if isinstance(value, list):
+        return [prune_empty(v) for v in value]
+    return value
