@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -142,7 +143,7 @@ class Container:
             self.pod_label,
             self.name,
             self.proc.pid,
-            " ".join(launch.argv)[:200],
+            shlex.join(launch.argv)[:200].replace("\n", "\\n"),
         )
         for st in self.probes.values():
             st.successes = st.failures = 0

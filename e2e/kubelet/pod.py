@@ -66,6 +66,7 @@ class PodWorker:
         self.terminal = False
         self.last_reported: Any = None
         self.env: dict[str, str] = {}
+        self.last_warning = ""
         self.shutdown_grace = 2.0  # when the kubelet itself stops
         grace = float(pod["spec"].get("terminationGracePeriodSeconds") or 30)
         self.init = [self._container(c, grace) for c in pod["spec"].get("initContainers") or []]
@@ -143,8 +144,8 @@ class PodWorker:
             try:
                 runner_for(c.image)
             except ImageNotMapped as e:
+                self._warn_once(str(e))
                 c.wait_reason("ImageNotMapped", str(e))
-                log.warning("%s: %s", self.label, e)
                 return
         try:
             (self.dir / "home").mkdir(parents=True, exist_ok=True)
@@ -154,7 +155,7 @@ class PodWorker:
         except ConfigError as e:
             for c in self.init + self.main:
                 c.wait_reason("CreateContainerConfigError", str(e))
-            log.warning("%s: %s", self.label, e)
+            self._warn_once(str(e))
             return
         self.prepared = True
         log.info(
@@ -163,6 +164,11 @@ class PodWorker:
             self.pod["spec"].get("nodeName"),
             self.pod_ip,
         )
+
+    def _warn_once(self, message: str) -> None:
+        if message != self.last_warning:
+            log.warning("%s: %s", self.label, message)
+            self.last_warning = message
 
     async def _service_account_kubeconfig(self) -> None:
         """A kubeconfig for the pod's ServiceAccount token, exported as KUBECONFIG."""
@@ -213,10 +219,12 @@ class PodWorker:
                 "ImageNotMapped" if isinstance(e, ImageNotMapped) else "CreateContainerConfigError"
             )
             c.wait_reason(reason, str(e))
+            self._warn_once(f"{c.name}: {e}")
             c.next_start = time.monotonic() + 5
             return
         except FileNotFoundError as e:
             c.wait_reason("RunContainerError", str(e))
+            self._warn_once(f"{c.name}: {e}")
             c.next_start = time.monotonic() + 5
             return
         await c.start(launch, self.pod_ip)

@@ -1,0 +1,160 @@
+"""Pure parts of the local kubelet: expansion, paths, pod IPs, images, status, probes."""
+
+from __future__ import annotations
+
+import ipaddress
+import sys
+from typing import Any
+
+import pytest
+from e2e.kubelet import images, podips
+from e2e.kubelet.expand import expand, substitute_paths
+from e2e.kubelet.probes import ProbeSpec, ProbeState
+from e2e.kubelet.status import ContainerView, conditions, phase
+from e2e.kubelet.volumes import field_value
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("--bind $(POD_IP)", "--bind 10.244.1.2"),
+        ("$(UNDEFINED) stays", "$(UNDEFINED) stays"),
+        ("$$(POD_IP) escaped", "$(POD_IP) escaped"),
+        ("a$b $ $(", "a$b $ $("),
+        ("$(POD_IP):$(PORT)", "10.244.1.2:8080"),
+    ],
+)
+def test_expand_follows_kubernetes_rules(text: str, want: str) -> None:
+    assert expand(text, {"POD_IP": "10.244.1.2", "PORT": "8080"}) == want
+
+
+def test_mount_paths_are_replaced_only_as_path_prefixes() -> None:
+    mounts = {"/etc/config": "/state/v/config", "/etc/config/extra": "/state/v/extra"}
+    assert (
+        substitute_paths("--config=/etc/config/a.yaml", mounts) == "--config=/state/v/config/a.yaml"
+    )
+    assert substitute_paths("/etc/config", mounts) == "/state/v/config"
+    assert substitute_paths("/etc/config/extra/x", mounts) == "/state/v/extra/x"
+    assert substitute_paths("/etc/configuration", mounts) == "/etc/configuration"
+    assert substitute_paths("/opt/etc/config", mounts) == "/opt/etc/config"
+
+
+def test_pod_cidr_maps_into_loopback_or_stays_real() -> None:
+    assert str(podips.map_cidr("10.244.3.0/24", "loopback")) == "127.244.3.0/24"
+    assert str(podips.map_cidr("10.231.17.0/24", "local-route")) == "10.231.17.0/24"
+
+
+def test_allocator_gives_distinct_addresses_and_reuses_freed_ones_last() -> None:
+    alloc = podips.IpAllocator(ipaddress.IPv4Network("127.244.3.0/29"))  # hosts .2-.6
+    a, b = alloc.allocate("a"), alloc.allocate("b")
+    assert (a, b) == ("127.244.3.2", "127.244.3.3")
+    assert alloc.allocate("a") == a  # idempotent per UID
+    alloc.release("a")
+    assert alloc.allocate("c") == "127.244.3.4"  # a recreated pod gets a new address
+    assert alloc.allocate("d", preferred="127.244.3.2") == "127.244.3.2"
+    alloc.allocate("e")
+    alloc.allocate("f")
+    with pytest.raises(RuntimeError, match="full"):
+        alloc.allocate("g")
+
+
+@pytest.mark.parametrize(
+    ("image", "kind"),
+    [
+        ("ghcr.io/acme/pdworker:1.2", "venv"),
+        ("pdwarden@sha256:abc", "venv"),
+        ("python:3.11", "venv"),
+        ("registry.k8s.io/kubectl:v1.35.4", "kubectl"),
+        ("busybox", "host"),
+    ],
+)
+def test_image_table(image: str, kind: str) -> None:
+    assert images.runner_for(image).kind == kind
+
+
+def test_unknown_image_is_refused_with_advice() -> None:
+    with pytest.raises(images.ImageNotMapped, match="pdworker"):
+        images.runner_for("nginx:1.27")
+
+
+def test_python_runs_the_venv_interpreter_and_command_replaces_entrypoint() -> None:
+    argv = images.resolve_argv("python:3.11", ["python3", "-m", "http.server"], ["8080"], None, "")
+    assert argv == [sys.executable, "-m", "http.server", "8080"]
+    argv = images.resolve_argv("python:3.11", [], ["-c", "pass"], None, "")
+    assert argv == [sys.executable, "-c", "pass"]
+
+
+POD: dict[str, Any] = {
+    "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": {"app": "x"}},
+    "spec": {
+        "nodeName": "gpu-node-0",
+        "readinessGates": [{"conditionType": "pdwarden.dev/serving"}],
+    },
+    "status": {"podIP": "10.244.0.2", "hostIP": "127.0.0.1", "conditions": []},
+}
+
+
+def test_downward_api_fields() -> None:
+    assert field_value(POD, "status.podIP") == "10.244.0.2"
+    assert field_value(POD, "spec.nodeName") == "gpu-node-0"
+    assert field_value(POD, "metadata.labels['app']") == "x"
+
+
+def running(ready: bool = True) -> ContainerView:
+    return ContainerView("c", "python", {"running": {}}, ready=ready, started=True)
+
+
+def exited(code: int) -> ContainerView:
+    return ContainerView("c", "python", {"terminated": {"exitCode": code}})
+
+
+def test_phase_follows_restart_policy() -> None:
+    waiting = ContainerView("c", "python", {"waiting": {"reason": "ContainerCreating"}})
+    assert phase("Always", [waiting], True) == "Pending"
+    assert phase("Always", [running()], False) == "Pending"
+    assert phase("Always", [running()], True) == "Running"
+    assert phase("Never", [exited(0)], True) == "Succeeded"
+    assert phase("Never", [exited(1)], True) == "Failed"
+    assert phase("OnFailure", [exited(1)], True) == "Running"
+    assert phase("Always", [exited(0)], True) == "Running"
+    crashloop = ContainerView(
+        "c", "python", {"waiting": {"reason": "CrashLoopBackOff"}}, restart_count=2
+    )
+    assert phase("Always", [crashloop], True) == "Running"
+
+
+def conds(pod: dict[str, Any], views: list[ContainerView]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in conditions(pod, views, True, "T1")}
+
+
+def test_ready_needs_containers_and_every_readiness_gate() -> None:
+    c = conds(POD, [running()])
+    assert c["ContainersReady"]["status"] == "True"
+    assert c["Ready"]["status"] == "False"
+    assert c["Ready"]["reason"] == "ReadinessGatesNotReady"
+    gate_true = {
+        **POD,
+        "status": {"conditions": [{"type": "pdwarden.dev/serving", "status": "True"}]},
+    }
+    assert conds(gate_true, [running()])["Ready"]["status"] == "True"
+    assert conds(gate_true, [running(ready=False)])["Ready"]["status"] == "False"
+
+
+def test_transition_time_kept_while_status_unchanged() -> None:
+    prev = {"type": "ContainersReady", "status": "True", "lastTransitionTime": "T0"}
+    pod = {**POD, "status": {"conditions": [prev]}}
+    assert conds(pod, [running()])["ContainersReady"]["lastTransitionTime"] == "T0"
+    assert conds(pod, [running(ready=False)])["ContainersReady"]["lastTransitionTime"] == "T1"
+
+
+def test_probe_thresholds() -> None:
+    ready = ProbeState(ProbeSpec.parse("readiness", {"successThreshold": 2, "failureThreshold": 2}))
+    assert ready.result is False
+    assert not ready.record(True) and ready.result is False
+    assert ready.record(True) and ready.result is True
+    assert not ready.record(False) and ready.result is True
+    assert ready.record(False) and ready.result is False
+    live = ProbeState(ProbeSpec.parse("liveness", {"failureThreshold": 3}))
+    assert live.result is True
+    assert not live.record(False) and not live.record(False)
+    assert live.record(False) and live.result is False
