@@ -78,18 +78,38 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def reap_stale(state_dir: Path) -> int:
-    """Kill process groups recorded by an earlier kubelet that did not exit cleanly."""
-    killed = 0
-    for pid_file in state_dir.glob("pods/*/*/*/pids/*.pid"):
+def marked_groups(uid_marker: bytes = MARKER_ENV.encode()) -> set[int]:
+    """Process groups with a member started by a local kubelet (found via the env marker)."""
+    groups = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            pid = int(pid_file.read_text())
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except (OSError, ValueError):
-            pid_file.unlink(missing_ok=True)
+            pgid = int(stat.read_text().rsplit(")", 1)[1].split()[2])
+            environ = (stat.parent / "environ").read_bytes()
+        except (OSError, ValueError, IndexError):
             continue
-        if MARKER_ENV.encode() in environ:
-            signal_group(pid, signal.SIGKILL)
+        if uid_marker in environ:
+            groups.add(pgid)
+    return groups
+
+
+def reap_stale(state_dir: Path) -> int:
+    """Kill process groups recorded by an earlier kubelet that did not exit cleanly.
+
+    The group survives its leader (PR_SET_PDEATHSIG only reaches the direct child), so a group
+    is matched by any live member carrying the kubelet's env marker.
+    """
+    pid_files = list(state_dir.glob("pods/*/*/*/pids/*.pid"))
+    if not pid_files:
+        return 0
+    live = marked_groups()
+    killed = 0
+    for pid_file in pid_files:
+        try:
+            pgid = int(pid_file.read_text())
+        except (OSError, ValueError):
+            pgid = -1
+        if pgid in live:
+            signal_group(pgid, signal.SIGKILL)
             killed += 1
         pid_file.unlink(missing_ok=True)
     return killed
