@@ -67,3 +67,18 @@ FAULTS: Final = (
 )
 FAULTS_ENV: Final = "PDWORKER_FAULTS"
 ADMIN_TOKEN_FILE_ENV: Final = "PDWORKER_ADMIN_TOKEN_FILE"
+
+# Decode-stall trigger (extension of the admin API; token-protected like the rest).
+ADMIN_DECODE_STALL_PATH: Final = "/admin/decode-stall"
+
+# Default ports: every pod has its own loopback/pod IP, so the same ports are used everywhere.
+DEFAULT_HTTP_PORT: Final = 8000
+DEFAULT_BOOTSTRAP_PORT: Final = 8998
+
+# Room phases reported by GET /admin/rooms (`phase`), per role.
+PREFILL_PHASES: Final = ("bootstrap", "forward", "inflight")
+DECODE_PHASES: Final = ("prealloc", "transfer", "running")
+
+# Extra worker gauges (not used by detection; tests use them to prove nothing leaks).
+KV_PAGES_FREE: Final = "pdworker_kv_pages_free"
+KV_PAGES_TOTAL: Final = "pdworker_kv_pages_total"

@@ -1,0 +1,74 @@
+"""Settings shared by the prefill and decode roles, built once from the command line."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdworker.faults import Faults
+from pdworker.model import ModelConfig
+from pdworker.server import BadRequest
+
+MAX_PROMPT_TOKENS = 1 << 20
+
+
+@dataclass
+class WorkerConfig:
+    role: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    bootstrap_port: int = 8998
+    pod: str = field(default_factory=socket.gethostname)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    device: str = "auto"
+    kv_pages: int = 4096
+    chunk_pages: int = 4
+    transfer_threads: int = 4
+    bootstrap_timeout: float = 30.0
+    waiting_timeout: float = 30.0
+    inflight_timeout: float = 30.0
+    transfer_timeout: float = 10.0
+    abort_ack_timeout: float = 5.0
+    heartbeat_interval: float = 2.0
+    heartbeat_failures: int = 2
+    peer_timeout: float = 10.0
+    prefill_chunk_ms: float = 0.0
+    decode_token_ms: float = 0.0
+    max_running: int = 128
+    poll_interval: float = 0.005
+    admin_token: str | None = None
+    faults: Faults = field(default_factory=Faults)
+    incarnation: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.incarnation:
+            pod = self.pod.replace("_", "-") or "pod"
+            self.incarnation = f"{self.role}-{pod}-{uuid.uuid4().hex[:12]}"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def env_default(name: str, fallback: str) -> str:
+    value = os.environ.get(name, "").strip()
+    return value or fallback
+
+
+def parse_ids(value: Any) -> list[int]:
+    if not isinstance(value, list) or not value or len(value) > MAX_PROMPT_TOKENS:
+        raise BadRequest("input_ids must be a non-empty list of token ids")
+    for token in value:
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise BadRequest("input_ids must hold non-negative integers")
+    return value
+
+
+def parse_positive_int(body: dict[str, Any], key: str, default: int, limit: int) -> int:
+    value = body.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limit:
+        raise BadRequest(f"{key} must be an integer in [1, {limit}]")
+    return value

@@ -1,0 +1,455 @@
+"""The decode role: pre-allocate KV pages, hand prefill their addresses, wait for KV, decode.
+
+Mirrors SGLang's decode (prealloc queue -> transfer queue -> running) with the fixes: the wait
+for KV has a deadline and notifications are drained before it is checked, prefill-pushed failures
+end a room at once, an abort is sent to prefill and the pages are freed only after prefill
+acknowledges (or cannot be reached), and a prefill that stops answering heartbeats or restarts
+fails the rooms bound to it. `decode-stall` wedges this process on purpose: it stops consuming
+notifications and decoding, while /healthz keeps answering 200, as a wedged engine does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from pdworker.config import WorkerConfig, parse_ids, parse_positive_int
+from pdworker.contract import FAILURE_REASONS, KVPoll
+from pdworker.metrics import WorkerMetrics
+from pdworker.model import KVPool, TinyModel, kv_checksum
+from pdworker.rooms import Peer, RoomRejected, RoomTable
+from pdworker.server import BadRequest, FailSelector, error, parse_room, read_json
+from pdworker.transfer import Transport
+
+log = logging.getLogger(__name__)
+mono = time.monotonic
+MAX_NEW_TOKENS = 4096
+
+
+class PeerError(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass
+class PrefillLink:
+    """What this decode knows about one prefill bootstrap endpoint."""
+
+    address: str
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    registered: bool = False
+    incarnation: str = ""
+    agent: str = ""
+    pod: str = ""
+    failures: int = 0
+
+
+@dataclass
+class DecodeWork:
+    ids: list[int]
+    max_new: int
+    link: str
+    done: asyncio.Future[None]
+    agent: str = ""
+    pages: list[int] = field(default_factory=list)
+    chunks: set[int] = field(default_factory=set)
+    n_chunks: int | None = None
+    first_token: int = 0
+    checksum: str = ""
+    registered: bool = False  # prefill may hold our pages as a destination
+    prefill_knows: bool = False  # the failure came from prefill: no ABORT needed
+    finished: bool = False
+    transfer_started: float = 0.0
+
+
+class DecodeWorker:
+    def __init__(
+        self, cfg: WorkerConfig, model: TinyModel, pool: KVPool, transport: Transport
+    ) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.pool = pool
+        self.transport = transport
+        deadlines: dict[str, float | None] = {
+            "prealloc": cfg.waiting_timeout,
+            "transfer": cfg.waiting_timeout,
+        }
+        self.table = RoomTable("decode", deadlines=deadlines, legacy=cfg.faults.legacy_status_race)
+        self.metrics = WorkerMetrics("decode", cfg.incarnation, self.table, pool.pages)
+        self.links: dict[str, PrefillLink] = {}
+        self.work: dict[int, DecodeWork] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.session: aiohttp.ClientSession | None = None
+        self.unstalled = asyncio.Event()
+        self.unstalled.set()
+        self.requests_seen = 0
+        self.stopping = False
+        self.started = False
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        self._spawn(self._pump_loop())
+        self._spawn(self._watchdog_loop())
+        self._spawn(self._heartbeat_loop())
+        self.started = True
+
+    async def stop(self) -> None:
+        self.stopping = True
+        now = mono()
+        for room in self.table.select(now):
+            self._fail(room, "aborted", "decode shutting down")
+        deadline = mono() + self.cfg.abort_ack_timeout
+        while self.work and mono() < deadline and self.unstalled.is_set():
+            await asyncio.sleep(0.01)
+        for task in self.tasks:
+            task.cancel()
+        if self.session is not None:
+            await self.session.close()
+        self.transport.close()
+
+    def ready(self) -> bool:
+        return self.started and not self.stopping
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def stall(self, why: str) -> None:
+        if self.unstalled.is_set():
+            log.warning("decode-stall fault triggered (%s): this decode stops making progress", why)
+            self.unstalled.clear()
+
+    # -- request path --------------------------------------------------------------------
+    async def handle_generate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await read_json(request)
+            if not isinstance(body, dict):
+                raise BadRequest("body must be a JSON object")
+            room = parse_room(body.get("bootstrap_room"))
+            ids = parse_ids(body.get("input_ids"))
+            max_new = parse_positive_int(body, "max_new_tokens", 16, MAX_NEW_TOKENS)
+            host = body.get("bootstrap_host")
+            port = body.get("bootstrap_port")
+            if not isinstance(host, str) or not host or not isinstance(port, int):
+                raise BadRequest("bootstrap_host (string) and bootstrap_port (int) are required")
+        except BadRequest as exc:
+            return error(400, str(exc))
+        if self.stopping:
+            return error(503, "decode is shutting down", reason="aborted")
+        self.requests_seen += 1
+        after = self.cfg.faults.decode_stall_after
+        if self.cfg.faults.decode_stall and after is not None and self.requests_seen > after:
+            self.stall(f"after {after} requests")
+        try:
+            self.table.create(room, "prealloc", mono())
+        except RoomRejected as exc:
+            return error(409, exc.detail, reason="aborted")
+        work = DecodeWork(
+            ids, max_new, f"{host}:{port}", asyncio.get_running_loop().create_future()
+        )
+        self.work[room] = work
+        try:
+            result = await self._serve(room, work)
+        except asyncio.CancelledError:
+            self._fail(room, "aborted", "client disconnected")
+            raise
+        finally:
+            self._spawn(self._cleanup(room, work))
+        return web.json_response(result, status=200 if result["ok"] else 500)
+
+    def _fail(self, room: int, reason: str, detail: str) -> bool:
+        if not self.table.fail(room, reason, mono(), detail):
+            return False
+        work = self.work.get(room)
+        if work is not None and not work.done.done():
+            work.done.set_result(None)
+        return True
+
+    def _failure(self, room: int) -> dict[str, Any]:
+        entry = self.table.get(room)
+        reason = entry.reason if entry and entry.reason else "aborted"
+        return {"ok": False, "room": room, "reason": reason, "error": entry.detail if entry else ""}
+
+    async def _serve(self, room: int, work: DecodeWork) -> dict[str, Any]:
+        await self.unstalled.wait()
+        try:
+            link = await self._ensure_link(work.link)
+        except PeerError as exc:
+            self._fail(room, exc.reason, exc.detail)
+            return self._failure(room)
+        work.agent = link.agent
+        self.table.bind(room, Peer(link.pod, link.address, link.incarnation))
+        needed = self.cfg.model.pages_for(len(work.ids))
+        pages = self.pool.pages.alloc(room, needed)
+        while pages is None:  # the prealloc deadline (watchdog) bounds this wait
+            if self.table.status(room) in (None, KVPoll.Failed):
+                return self._failure(room)
+            await asyncio.sleep(0.01)
+            pages = self.pool.pages.alloc(room, needed)
+        work.pages = pages
+        if self.table.status(room) in (None, KVPoll.Failed):
+            return self._failure(room)
+        work.registered = True
+        try:
+            await self._register_room(link, room, pages)
+        except PeerError as exc:
+            work.prefill_knows = exc.reason != "transfer_error"
+            self._fail(room, exc.reason, exc.detail)
+            return self._failure(room)
+        self.table.set_phase(room, "transfer", mono())
+        self.table.update(room, KVPoll.WaitingForInput, mono())
+        work.transfer_started = mono()
+        await work.done
+        if self.table.status(room) != KVPoll.Transferring or work.n_chunks is None:
+            self._fail(room, "transfer_error", "transfer ended without data")
+            return self._failure(room)
+        kv = self.pool.read_tokens(pages, len(work.ids))
+        if kv_checksum(kv) != work.checksum:
+            self.metrics.checksum_mismatch.inc()
+            self._fail(room, "transfer_error", "KV checksum mismatch")
+            return self._failure(room)
+        self.table.update(room, KVPoll.Success, mono())
+        self.metrics.kv_seconds.observe(mono() - work.transfer_started)
+        self.table.set_phase(room, "running", mono())
+        tokens = [work.first_token]
+        self.metrics.generated_tokens.inc()
+        for _ in range(work.max_new - 1):
+            await self.unstalled.wait()
+            if self.cfg.decode_token_ms:
+                await asyncio.sleep(self.cfg.decode_token_ms / 1000)  # a real model's step
+            tokens.append(self.model.decode_step(kv, tokens[-1]))
+            self.metrics.generated_tokens.inc()
+        work.finished = True
+        self.metrics.completed.labels(role="decode").inc()
+        return {
+            "ok": True,
+            "room": room,
+            "output_ids": tokens,
+            "kv_checksum": work.checksum,
+            "kv_bytes": len(pages) * self.cfg.model.page_bytes,
+            "prompt_tokens": len(work.ids),
+        }
+
+    async def _cleanup(self, room: int, work: DecodeWork) -> None:
+        await self.unstalled.wait()  # a wedged decode does not clean up either
+        entry = self.table.get(room)
+        if entry is not None and entry.status == KVPoll.Failed:
+            if work.registered and not work.prefill_knows:
+                await self._send_abort(work.link, room)
+            self.metrics.failed.labels(reason=entry.reason or "aborted").inc()
+        elif not work.finished:
+            self.metrics.failed.labels(reason="aborted").inc()  # cancelled while decoding
+        self.pool.pages.free(room)
+        self.table.clear(room)
+        self.work.pop(room, None)
+
+    # -- talking to prefill --------------------------------------------------------------
+    async def _post(
+        self, address: str, path: str, body: dict[str, Any], timeout: float
+    ) -> tuple[int, Any]:
+        assert self.session is not None
+        async with self.session.post(
+            f"http://{address}{path}", json=body, timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as resp:
+            try:
+                data = await resp.json(content_type=None)
+            except ValueError:
+                data = {}
+            return resp.status, data
+
+    async def _ensure_link(self, address: str) -> PrefillLink:
+        link = self.links.setdefault(address, PrefillLink(address))
+        async with link.lock:
+            if link.registered:
+                return link
+            assert self.session is not None
+            try:
+                async with self.session.get(
+                    f"http://{address}/bootstrap/info", timeout=aiohttp.ClientTimeout(total=5)
+                ) as resp:
+                    info = await resp.json()
+                if info.get("layout") != self.cfg.model.layout():
+                    raise PeerError("transfer_error", f"KV layout mismatch with prefill {address}")
+                body = {
+                    "agent": self.transport.name,
+                    "pod": self.cfg.pod,
+                    "address": self.cfg.address,
+                    "incarnation": self.cfg.incarnation,
+                    "metadata": base64.b64encode(self.transport.metadata()).decode(),
+                    "layout": self.cfg.model.layout(),
+                    "pool": {
+                        "base_addr": self.pool.base_addr,
+                        "page_bytes": self.cfg.model.page_bytes,
+                        "num_pages": self.pool.num_pages,
+                        "device_id": self.pool.device_id,
+                        "mem_type": self.pool.mem_type,
+                    },
+                }
+                status, data = await self._post(address, "/bootstrap/peer", body, 10)
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                raise PeerError("peer_lost", f"prefill {address} unreachable: {exc!r}") from exc
+            if status != 200:
+                raise PeerError("transfer_error", f"prefill {address} refused registration: {data}")
+            link.registered = True
+            link.incarnation = str(info.get("incarnation", ""))
+            link.agent = str(info.get("agent", ""))
+            link.pod = str(info.get("pod", ""))
+            link.failures = 0
+            return link
+
+    async def _register_room(self, link: PrefillLink, room: int, pages: list[int]) -> None:
+        body = {"room": room, "agent": self.transport.name, "pages": pages}
+        for attempt in range(2):
+            try:
+                status, data = await self._post(link.address, "/bootstrap/room", body, 5)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise PeerError(
+                    "peer_lost", f"prefill {link.address} unreachable: {exc!r}"
+                ) from exc
+            if status == 200:
+                return
+            if status == 409 and data.get("reason") == "peer_lost" and attempt == 0:
+                self._link_lost(link, "prefill does not know this decode")
+                link = await self._ensure_link(link.address)
+                continue
+            reason = (
+                data.get("reason") if data.get("reason") in FAILURE_REASONS else "transfer_error"
+            )
+            raise PeerError(reason, f"prefill refused room: {data.get('error', status)}")
+
+    async def _send_abort(self, address: str, room: int) -> None:
+        """ABORT to prefill; returns once prefill acknowledged (its writes drained) or timed out."""
+        try:
+            await self._post(
+                address,
+                "/bootstrap/abort",
+                {"room": room, "agent": self.transport.name},
+                self.cfg.abort_ack_timeout,
+            )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.info("abort of room %d not acknowledged by %s: %r", room, address, exc)
+
+    def _link_lost(self, link: PrefillLink, why: str) -> None:
+        link.registered = False
+        for room, work in list(self.work.items()):
+            if work.link == link.address and work.registered:
+                work.prefill_knows = True
+                self._fail(room, "peer_lost", f"prefill {link.address} lost: {why}")
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.heartbeat_interval)
+            for link in list(self.links.values()):
+                if not link.registered:
+                    continue
+                try:
+                    status, data = await self._post(
+                        link.address,
+                        "/bootstrap/heartbeat",
+                        {"agent": self.transport.name},
+                        min(3.0, self.cfg.heartbeat_interval * 2),
+                    )
+                    if status != 200:
+                        raise PeerError("peer_lost", f"heartbeat answered {status}")
+                except (aiohttp.ClientError, TimeoutError, PeerError) as exc:
+                    link.failures += 1
+                    if link.failures >= self.cfg.heartbeat_failures:
+                        self._link_lost(link, f"{link.failures} heartbeats failed ({exc!r})")
+                    continue
+                link.failures = 0
+                if data.get("incarnation") != link.incarnation:
+                    self._link_lost(link, "prefill restarted (new incarnation)")
+                elif not data.get("known"):
+                    self._link_lost(link, "prefill dropped this decode")
+
+    # -- notifications and deadlines -----------------------------------------------------
+    async def _pump_loop(self) -> None:
+        while True:
+            if self.unstalled.is_set():
+                try:
+                    self._pump()
+                except Exception:
+                    log.exception("notification pump")
+            busy = self.table.count("transfer") > 0
+            await asyncio.sleep(self.cfg.poll_interval if busy else 0.02)
+
+    def _pump(self) -> None:
+        drop = self.cfg.faults.drop_notifications
+        for agent, messages in self.transport.poll_notifs().items():
+            for raw in messages:
+                if drop and random.random() < drop:
+                    continue
+                self._on_notif(agent, raw.decode(errors="replace"))
+
+    def _on_notif(self, agent: str, message: str) -> None:
+        kind, _, rest = message.partition(":")
+        fields = rest.split(":")
+        try:
+            room = int(fields[0])
+        except ValueError:
+            return
+        work = self.work.get(room)
+        if work is None or work.agent != agent or work.done.done():
+            return  # late or foreign notification: ignored, never re-creates a room
+        if kind == "kv" and len(fields) == 2 and fields[1].isdigit():
+            work.chunks.add(int(fields[1]))
+            self.table.update(room, KVPoll.Transferring, mono())
+        elif kind == "meta" and len(fields) == 4:
+            work.n_chunks, work.first_token, work.checksum = (
+                int(fields[1]),
+                int(fields[2]),
+                fields[3],
+            )
+        elif kind == "fail" and len(fields) == 2:
+            reason = fields[1] if fields[1] in FAILURE_REASONS else "transfer_error"
+            work.prefill_knows = True
+            self._fail(room, reason, f"failed by prefill ({reason})")
+            return
+        else:
+            return
+        if work.n_chunks is not None and len(work.chunks) >= work.n_chunks:
+            if not work.done.done():
+                work.done.set_result(None)
+
+    async def _watchdog_loop(self) -> None:
+        while True:
+            await asyncio.sleep(max(self.cfg.poll_interval, 0.01))
+            if not self.unstalled.is_set():
+                continue
+            self._pump()  # drain first, then judge deadlines (SGLang PR #32267)
+            for entry in self.table.expire(mono()):
+                work = self.work.get(entry.room)
+                if work is not None and not work.done.done():
+                    work.done.set_result(None)
+
+    # -- admin ---------------------------------------------------------------------------
+    def list_rooms(self) -> list[dict[str, Any]]:
+        now = mono()
+        return [r.as_dict(now) for r in self.table.snapshot()]
+
+    async def fail_rooms(self, selector: FailSelector) -> list[int]:
+        rooms = self.table.select(
+            mono(),
+            rooms=selector.rooms,
+            older_than=selector.older_than_seconds,
+            peer_incarnation=selector.peer_incarnation,
+        )
+        return [r for r in rooms if self._fail(r, "admin", "failed by the admin API")]
+
+    async def handle_stall(self, _: web.Request) -> web.StreamResponse:
+        if not self.cfg.faults.decode_stall:
+            return error(409, "the decode-stall fault is not enabled (--fault decode-stall)")
+        self.stall("admin call")
+        return web.json_response({"stalled": True})

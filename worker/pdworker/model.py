@@ -1,0 +1,174 @@
+"""A tiny but real model and a paged KV pool, so the worker moves KV that was computed from tokens.
+
+The model is an embedding plus per-layer K/V projections (no cross-token mixing in prefill, so
+chunked prefill is exact). Weights come from a seed, so prefill, decode and tests build identical
+models. The pool is one contiguous tensor of pages ([pages, layers, K/V, page_size, heads,
+head_dim]) so each page is one contiguous NIXL descriptor; it lives on CUDA when available.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from pdworker.pages import PagePool
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    layers: int = 2
+    heads: int = 4
+    head_dim: int = 32
+    page_size: int = 16
+    vocab: int = 4096
+    seed: int = 0
+    dtype: str = "float32"
+
+    @property
+    def hidden(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def page_bytes(self) -> int:
+        elem = torch.empty((), dtype=DTYPES[self.dtype]).element_size()
+        return self.layers * 2 * self.page_size * self.hidden * elem
+
+    def pages_for(self, tokens: int) -> int:
+        return max(1, math.ceil(tokens / self.page_size))
+
+    def layout(self) -> dict[str, Any]:
+        """What both sides must agree on before bytes can move (checked at handshake)."""
+        out = asdict(self)
+        out["page_bytes"] = self.page_bytes
+        return out
+
+
+def pick_device(requested: str = "auto") -> torch.device:
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(requested)
+
+
+class TinyModel:
+    def __init__(self, cfg: ModelConfig, device: torch.device) -> None:
+        self.cfg = cfg
+        self.device = device
+        gen = torch.Generator().manual_seed(cfg.seed)
+        h = cfg.hidden
+        scale = 1.0 / math.sqrt(h)
+        dtype = DTYPES[cfg.dtype]
+        self.embed = (torch.randn(cfg.vocab, h, generator=gen) * 0.5).to(device, dtype)
+        self.wk = (torch.randn(cfg.layers, h, h, generator=gen) * scale).to(device, dtype)
+        self.wv = (torch.randn(cfg.layers, h, h, generator=gen) * scale).to(device, dtype)
+        self.wo = (torch.randn(cfg.layers, h, h, generator=gen) * scale).to(device, dtype)
+
+    @torch.inference_mode()
+    def prefill_chunk(self, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """KV for these tokens, shape [layers, 2, n, heads, head_dim], and the last hidden state."""
+        cfg = self.cfg
+        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device) % cfg.vocab
+        x = self.embed[ids]
+        n = len(token_ids)
+        out = torch.empty(
+            cfg.layers, 2, n, cfg.heads, cfg.head_dim, dtype=x.dtype, device=self.device
+        )
+        for layer in range(cfg.layers):
+            out[layer, 0] = (x @ self.wk[layer]).view(n, cfg.heads, cfg.head_dim)
+            out[layer, 1] = (x @ self.wv[layer]).view(n, cfg.heads, cfg.head_dim)
+            x = torch.tanh(x @ self.wo[layer])
+        return out, x[-1]
+
+    @torch.inference_mode()
+    def first_token(self, last_hidden: torch.Tensor) -> int:
+        return int(torch.argmax(self.embed @ last_hidden).item())
+
+    @torch.inference_mode()
+    def decode_step(self, kv: torch.Tensor, token: int) -> int:
+        """One attention step of the last layer over the transferred KV; returns the next token."""
+        cfg = self.cfg
+        keys = kv[-1, 0].reshape(kv.shape[2], cfg.hidden)
+        values = kv[-1, 1].reshape(kv.shape[2], cfg.hidden)
+        q = self.embed[token % cfg.vocab]
+        att = torch.softmax(keys @ q / math.sqrt(cfg.hidden), dim=0)
+        return int(torch.argmax(self.embed @ (att @ values + q)).item())
+
+    def prefill(self, token_ids: list[int]) -> tuple[torch.Tensor, int]:
+        """Whole-prompt KV and first token (tests use it to check what decode received)."""
+        kv, last = self.prefill_chunk(token_ids)
+        return kv, self.first_token(last)
+
+
+def kv_checksum(kv: torch.Tensor) -> str:
+    """Exact checksum of KV bytes; prefill and decode compare it to prove the transfer."""
+    data = kv.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+class KVPool:
+    """The worker's paged KV memory, registered with NIXL once at start."""
+
+    def __init__(self, cfg: ModelConfig, num_pages: int, device: torch.device) -> None:
+        self.cfg = cfg
+        self.device = device
+        self.tensor = torch.zeros(
+            num_pages,
+            cfg.layers,
+            2,
+            cfg.page_size,
+            cfg.heads,
+            cfg.head_dim,
+            dtype=DTYPES[cfg.dtype],
+            device=device,
+        )
+        self.pages = PagePool(num_pages)
+
+    @property
+    def num_pages(self) -> int:
+        return int(self.tensor.shape[0])
+
+    @property
+    def mem_type(self) -> str:
+        return "VRAM" if self.device.type == "cuda" else "DRAM"
+
+    @property
+    def device_id(self) -> int:
+        return (self.device.index or 0) if self.device.type == "cuda" else 0
+
+    @property
+    def base_addr(self) -> int:
+        return int(self.tensor.data_ptr())
+
+    def page_descs(self) -> list[tuple[int, int, int]]:
+        size = self.cfg.page_bytes
+        return [(self.base_addr + i * size, size, self.device_id) for i in range(self.num_pages)]
+
+    def write_tokens(self, pages: list[int], kv: torch.Tensor) -> None:
+        """Scatter KV [layers, 2, n, heads, head_dim] into `pages` (n <= len(pages)*page_size)."""
+        cfg = self.cfg
+        n = kv.shape[2]
+        padded = torch.zeros(
+            cfg.layers,
+            2,
+            len(pages) * cfg.page_size,
+            cfg.heads,
+            cfg.head_dim,
+            dtype=kv.dtype,
+            device=self.device,
+        )
+        padded[:, :, :n] = kv
+        view = padded.view(cfg.layers, 2, len(pages), cfg.page_size, cfg.heads, cfg.head_dim)
+        idx = torch.tensor(pages, dtype=torch.long, device=self.device)
+        self.tensor[idx] = view.permute(2, 0, 1, 3, 4, 5)
+
+    def read_tokens(self, pages: list[int], n_tokens: int) -> torch.Tensor:
+        cfg = self.cfg
+        idx = torch.tensor(pages, dtype=torch.long, device=self.device)
+        got = self.tensor[idx].permute(1, 2, 0, 3, 4, 5)
+        got = got.reshape(cfg.layers, 2, len(pages) * cfg.page_size, cfg.heads, cfg.head_dim)
+        return got[:, :, :n_tokens]

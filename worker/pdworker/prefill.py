@@ -1,0 +1,562 @@
+"""The prefill role: wait for decode's handshake, compute KV in chunks, WRITE it into decode.
+
+Mirrors SGLang's prefill (bootstrap queue -> forward -> inflight queue) with its NIXL bugs fixed:
+the bootstrap wait and the inflight queue have deadlines (the watchdog clock starts when a room
+enters the inflight queue, so a long prefill is legal), transfers are sharded over threads by
+room and every poll has a deadline, decode aborts are acknowledged only after in-flight writes
+into decode memory have drained, prefill-side failures are pushed to decode, and a decode that
+stops heart-beating or comes back as a new incarnation has its rooms failed (`peer_lost`).
+The `legacy-status-race` fault restores SGLang's status race; `no-inflight-watchdog` drops the
+inflight deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from aiohttp import web
+
+from pdworker.config import WorkerConfig, parse_ids
+from pdworker.contract import KVPoll
+from pdworker.metrics import WorkerMetrics
+from pdworker.model import KVPool, TinyModel, kv_checksum
+from pdworker.rooms import Peer, RoomRejected, RoomTable
+from pdworker.server import BadRequest, FailSelector, error, parse_room, read_json
+from pdworker.transfer import TransferError, Transport
+
+log = logging.getLogger(__name__)
+mono = time.monotonic
+
+
+@dataclass
+class DecodePeer:
+    agent: str
+    peer: Peer
+    num_pages: int
+    last_seen: float
+    dead: bool = False
+
+
+@dataclass
+class Binding:
+    agent: str
+    pages: list[int]
+    at: float
+
+
+@dataclass
+class ChunkJob:
+    room: int
+    index: int
+    total: int
+    local_pages: list[int]
+    remote_pages: list[int]
+    meta: bytes | None = None  # set on the last chunk: first token and KV checksum
+
+
+@dataclass
+class RoomWork:
+    """Prefill bookkeeping for one room (kept in Room.data['work'])."""
+
+    ids: list[int]
+    pending: int = 0  # chunk jobs queued or running
+    writing: int = 0  # chunk writes touching decode memory right now
+    forward_started: bool = False
+    forward_done: bool = False
+    chunks_done: int = 0
+    bytes: int = 0
+    transfer_started: float | None = None
+    decode_aborted: bool = False
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+class PrefillWorker:
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        model: TinyModel,
+        pool: KVPool,
+        transport: Transport,
+    ) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.pool = pool
+        self.transport = transport
+        self.legacy = cfg.faults.legacy_status_race
+        deadlines: dict[str, float | None] = {
+            "bootstrap": cfg.bootstrap_timeout,
+            "inflight": None if cfg.faults.no_inflight_watchdog else cfg.inflight_timeout,
+        }
+        self.table = RoomTable("prefill", deadlines=deadlines, legacy=self.legacy)
+        self.metrics = WorkerMetrics("prefill", cfg.incarnation, self.table, pool.pages)
+        self.peers: dict[str, DecodePeer] = {}
+        self.bindings: dict[int, Binding] = {}
+        self.pending_bindings: dict[int, Binding] = {}
+        self.waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.work: dict[int, RoomWork] = {}
+        self.lock = threading.Lock()  # guards bindings/peers/work counters across threads
+        self.shards: list[queue.Queue[ChunkJob | None]] = [
+            queue.Queue() for _ in range(max(1, cfg.transfer_threads))
+        ]
+        self.threads: list[threading.Thread] = []
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.forward_slots = asyncio.Semaphore(cfg.max_running)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stopping = False
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        for i, shard in enumerate(self.shards):
+            t = threading.Thread(
+                target=self._shard_main, args=(shard,), name=f"xfer-{i}", daemon=True
+            )
+            t.start()
+            self.threads.append(t)
+        self._spawn(self._settle_loop())
+
+    async def stop(self) -> None:
+        self.stopping = True
+        now = mono()
+        for room in self.table.select(now):
+            self.table.fail(room, "aborted", now, "prefill shutting down")
+        deadline = mono() + self.cfg.transfer_timeout
+        while mono() < deadline and any(w.writing for w in list(self.work.values())):
+            await asyncio.sleep(0.01)
+        self._settle(mono())
+        for shard in self.shards:
+            shard.put(None)
+        for task in self.tasks:
+            task.cancel()
+        self.transport.close()
+
+    def ready(self) -> bool:
+        return not self.stopping and self.loop is not None
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    # -- request path --------------------------------------------------------------------
+    async def handle_generate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await read_json(request)
+            if not isinstance(body, dict):
+                raise BadRequest("body must be a JSON object")
+            room = parse_room(body.get("bootstrap_room"))
+            ids = parse_ids(body.get("input_ids"))
+        except BadRequest as exc:
+            return error(400, str(exc))
+        if self.stopping:
+            return error(503, "prefill is shutting down", reason="aborted")
+        now = mono()
+        try:
+            self.table.create(room, "bootstrap", now)
+        except RoomRejected as exc:
+            if exc.reason != "duplicate":
+                self.metrics.failed.labels(reason=exc.reason).inc()
+            return error(409 if exc.reason == "duplicate" else 500, exc.detail, reason=exc.reason)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        with self.lock:
+            self.work[room] = RoomWork(ids=ids)
+            early = self.pending_bindings.pop(room, None)
+        self.waiters[room] = future
+        if early is not None:
+            problem = self._bind(room, early)
+            if problem:
+                self.table.fail(room, "transfer_error", now, problem)
+        try:
+            result = await future
+        except asyncio.CancelledError:
+            self.abort(room, "client disconnected")
+            raise
+        finally:
+            self.waiters.pop(room, None)
+        return web.json_response(result, status=200 if result["ok"] else 500)
+
+    def abort(self, room: int, detail: str) -> None:
+        if not self.table.fail(room, "aborted", mono(), detail):
+            if self.table.get(room) is None:
+                self.table.tombstone(room, "aborted", detail)
+
+    def _bind(self, room: int, binding: Binding) -> str | None:
+        """Attach decode's destination pages to a room and start its forward pass."""
+        with self.lock:
+            work = self.work.get(room)
+            peer = self.peers.get(binding.agent)
+            if work is None or peer is None or peer.dead:
+                return "decode peer is gone"
+            needed = self.cfg.model.pages_for(len(work.ids))
+            if len(binding.pages) != needed:
+                return f"decode sent {len(binding.pages)} pages, room needs {needed}"
+            if any(not 0 <= p < peer.num_pages for p in binding.pages):
+                return "decode page index out of range"
+            self.bindings[room] = binding
+            work.forward_started = True
+        self.table.bind(room, peer.peer)
+        self.table.update(room, KVPoll.WaitingForInput, mono())
+        self.table.set_phase(room, "forward", mono())
+        self._spawn(self._forward(room))
+        return None
+
+    async def _forward(self, room: int) -> None:
+        cfg = self.cfg
+        work = self.work[room]
+        try:
+            async with self.forward_slots:
+                entry = self.table.get(room)
+                if entry is None or entry.status == KVPoll.Failed:
+                    return
+                npages = cfg.model.pages_for(len(work.ids))
+                local = self.pool.pages.alloc(room, npages)
+                deadline = mono() + cfg.transfer_timeout
+                while local is None:
+                    if mono() > deadline or self.table.status(room) in (None, KVPoll.Failed):
+                        self.table.fail(room, "transfer_error", mono(), "prefill KV pool exhausted")
+                        return
+                    await asyncio.sleep(0.01)
+                    local = self.pool.pages.alloc(room, npages)
+                with self.lock:
+                    binding = self.bindings.get(room)
+                if binding is None:
+                    return
+                remote = binding.pages
+                step = cfg.chunk_pages
+                chunks = [local[i : i + step] for i in range(0, npages, step)]
+                span = step * cfg.model.page_size
+                parts = []
+                for index, pages in enumerate(chunks):
+                    # The fixed worker stops an aborted forward; the legacy one runs on and its
+                    # status writes resurrect the failed room (SGLang's race).
+                    if not self.legacy and self.table.status(room) in (None, KVPoll.Failed):
+                        return
+                    if cfg.prefill_chunk_ms:
+                        await asyncio.sleep(cfg.prefill_chunk_ms / 1000)  # a real model's forward
+                    kv, last_hidden = self.model.prefill_chunk(
+                        work.ids[index * span : (index + 1) * span]
+                    )
+                    self.pool.write_tokens(pages, kv)
+                    parts.append(kv)
+                    job = ChunkJob(
+                        room,
+                        index,
+                        len(chunks),
+                        pages,
+                        remote[index * step : index * step + len(pages)],
+                    )
+                    if index == len(chunks) - 1:
+                        first = self.model.first_token(last_hidden)
+                        checksum = kv_checksum(torch.cat(parts, dim=2))
+                        work.result = {"first_token": first, "kv_checksum": checksum}
+                        job.meta = f"meta:{room}:{len(chunks)}:{first}:{checksum}".encode()
+                        # The room enters the inflight queue now: the watchdog clock starts here.
+                        self.table.set_phase(room, "inflight", mono())
+                    self.table.update(room, KVPoll.Transferring, mono())
+                    with self.lock:
+                        work.pending += 1
+                    if work.transfer_started is None:
+                        work.transfer_started = mono()
+                    self.shards[room % len(self.shards)].put(job)
+        finally:
+            work.forward_done = True
+
+    # -- transfer shards (threads) -------------------------------------------------------
+    def _shard_main(self, shard: queue.Queue[ChunkJob | None]) -> None:
+        while True:
+            job = shard.get()
+            if job is None:
+                return
+            try:
+                self._run_job(job)
+            except Exception:
+                log.exception("transfer job for room %d crashed", job.room)
+                self.table.fail(job.room, "transfer_error", mono(), "transfer job crashed")
+            finally:
+                with self.lock:
+                    work = self.work.get(job.room)
+                    if work is not None:
+                        work.pending -= 1
+
+    def _run_job(self, job: ChunkJob) -> None:
+        room = job.room
+        with self.lock:
+            status = self.table.status(room)
+            binding = self.bindings.get(room)
+            peer = self.peers.get(binding.agent) if binding else None
+            work = self.work.get(room)
+            go = (
+                status not in (None, KVPoll.Failed)
+                and binding is not None
+                and peer is not None
+                and not peer.dead
+                and work is not None
+            )
+            if go and work is not None:
+                work.writing += 1
+        if not go or binding is None or work is None:
+            if not self.legacy:
+                reason = "peer_lost" if peer is None or peer.dead else "aborted"
+                self.table.fail(
+                    room, reason, mono(), "transfer skipped: room has no live destination"
+                )
+            # legacy: SGLang's skip guard just `continue`s and leaves the room as it is.
+            return
+        try:
+            notif = f"kv:{room}:{job.index}".encode()
+            self.transport.write(
+                binding.agent, job.local_pages, job.remote_pages, notif, self.cfg.transfer_timeout
+            )
+            moved = len(job.local_pages) * self.cfg.model.page_bytes
+            self.metrics.kv_bytes.inc(moved)
+            with self.lock:
+                work.bytes += moved
+                work.chunks_done += 1
+                complete = work.chunks_done == job.total
+            if self.legacy:
+                self.table.update(room, KVPoll.Transferring, mono())  # the late write
+            if job.meta is not None and complete and self.table.status(room) != KVPoll.Failed:
+                self.transport.notify(binding.agent, job.meta)
+                self.table.update(room, KVPoll.Success, mono())
+        except TransferError as exc:
+            reason = "peer_lost" if exc.peer_lost else "transfer_error"
+            self.table.fail(room, reason, mono(), str(exc))
+            if exc.peer_lost and self.loop is not None:
+                self.loop.call_soon_threadsafe(self._peer_lost, binding.agent, str(exc))
+        finally:
+            with self.lock:
+                work.writing -= 1
+
+    # -- settling rooms, deadlines, peers ------------------------------------------------
+    async def _settle_loop(self) -> None:
+        while True:
+            try:
+                now = mono()
+                self.table.expire(now)
+                self._check_peers(now)
+                self._settle(now)
+            except Exception:
+                log.exception("settle loop")
+            await asyncio.sleep(self.cfg.poll_interval)
+
+    def _settle(self, now: float) -> None:
+        for entry in self.table.snapshot():
+            if not entry.terminal:
+                continue
+            room = entry.room
+            with self.lock:
+                work = self.work.get(room)
+                if work is not None and (work.pending or work.writing):
+                    continue  # chunk jobs still hold our pages or decode's
+                if work is not None and work.forward_started and not work.forward_done:
+                    continue  # the forward pass still writes into our pages
+                binding = self.bindings.pop(room, None)
+                self.work.pop(room, None)
+                peer = self.peers.get(binding.agent) if binding else None
+            self.table.clear(room)
+            self.pool.pages.free(room)
+            if entry.status == KVPoll.Success and work is not None:
+                self.metrics.completed.labels(role="prefill").inc()
+                if work.transfer_started is not None:
+                    self.metrics.kv_seconds.observe(now - work.transfer_started)
+                result = {"ok": True, "room": room, "kv_bytes": work.bytes, **work.result}
+            else:
+                reason = entry.reason or "aborted"
+                self.metrics.failed.labels(reason=reason).inc()
+                result = {"ok": False, "room": room, "reason": reason, "error": entry.detail}
+                if binding and peer and not peer.dead and not (work and work.decode_aborted):
+                    try:  # push the failure to decode (SGLang's NIXL backend never did)
+                        self.transport.notify(binding.agent, f"fail:{room}:{reason}".encode())
+                    except TransferError as exc:
+                        log.info("could not push failure of room %d: %s", room, exc)
+            future = self.waiters.get(room)
+            if future is not None and not future.done():
+                future.set_result(result)
+        cutoff = now - self.cfg.bootstrap_timeout
+        with self.lock:
+            for room in [r for r, b in self.pending_bindings.items() if b.at < cutoff]:
+                del self.pending_bindings[room]
+
+    def _check_peers(self, now: float) -> None:
+        for agent, peer in list(self.peers.items()):
+            if not peer.dead and now - peer.last_seen > self.cfg.peer_timeout:
+                self._peer_lost(agent, f"no heartbeat for {self.cfg.peer_timeout:g}s")
+            if peer.dead and not self.transport_busy(agent):
+                with self.lock:
+                    self.peers.pop(agent, None)
+                self.transport.remove_peer(agent)
+
+    def transport_busy(self, agent: str) -> bool:
+        with self.lock:
+            return any(
+                w.writing
+                for r, w in self.work.items()
+                if (b := self.bindings.get(r)) and b.agent == agent
+            )
+
+    def _peer_lost(self, agent: str, why: str) -> None:
+        now = mono()
+        with self.lock:
+            peer = self.peers.get(agent)
+            if peer is None or peer.dead:
+                return
+            peer.dead = True
+            rooms = [r for r, b in self.bindings.items() if b.agent == agent]
+            for r in [r for r, b in self.pending_bindings.items() if b.agent == agent]:
+                del self.pending_bindings[r]
+        log.warning("decode peer %s lost (%s); failing %d rooms", agent, why, len(rooms))
+        for room in rooms:
+            self.table.fail(room, "peer_lost", now, f"decode {agent} lost: {why}")
+
+    # -- admin ---------------------------------------------------------------------------
+    def list_rooms(self) -> list[dict[str, Any]]:
+        now = mono()
+        return [r.as_dict(now) for r in self.table.snapshot()]
+
+    async def fail_rooms(self, selector: FailSelector) -> list[int]:
+        now = mono()
+        rooms = self.table.select(
+            now,
+            rooms=selector.rooms,
+            older_than=selector.older_than_seconds,
+            peer_incarnation=selector.peer_incarnation,
+        )
+        return [r for r in rooms if self.table.fail(r, "admin", now, "failed by the admin API")]
+
+    # -- bootstrap server (decode -> prefill) --------------------------------------------
+    def bootstrap_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/bootstrap/info", self._info)
+        app.router.add_get("/health", self._health)
+        app.router.add_post("/bootstrap/peer", self._wrap(self._register_peer))
+        app.router.add_post("/bootstrap/room", self._wrap(self._register_room))
+        app.router.add_post("/bootstrap/abort", self._wrap(self._abort_from_decode))
+        app.router.add_post("/bootstrap/heartbeat", self._wrap(self._heartbeat))
+        return app
+
+    def _wrap(self, handler: Any) -> Any:
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            try:
+                body = await read_json(request)
+                if not isinstance(body, dict):
+                    raise BadRequest("body must be a JSON object")
+                return await handler(body)
+            except BadRequest as exc:
+                return error(400, str(exc))
+
+        return wrapped
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "incarnation": self.cfg.incarnation})
+
+    async def _info(self, _: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "incarnation": self.cfg.incarnation,
+                "agent": self.transport.name,
+                "pod": self.cfg.pod,
+                "layout": self.cfg.model.layout(),
+            }
+        )
+
+    async def _register_peer(self, body: dict[str, Any]) -> web.Response:
+        try:
+            agent = str(body["agent"])
+            peer = Peer(str(body["pod"]), str(body["address"]), str(body["incarnation"]))
+            metadata = base64.b64decode(body["metadata"], validate=True)
+            pool = body["pool"]
+            base, page_bytes, num_pages = (
+                int(pool["base_addr"]),
+                int(pool["page_bytes"]),
+                int(pool["num_pages"]),
+            )
+            device_id, mem_type = int(pool["device_id"]), str(pool["mem_type"])
+            layout = body["layout"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BadRequest(f"bad peer registration: {exc}") from exc
+        if layout != self.cfg.model.layout() or page_bytes != self.cfg.model.page_bytes:
+            return error(400, "KV layout mismatch", ours=self.cfg.model.layout(), theirs=layout)
+        if mem_type not in ("DRAM", "VRAM") or num_pages <= 0 or base <= 0:
+            raise BadRequest("bad pool geometry")
+        if agent in self.peers and not self.peers[agent].dead:
+            self.peers[agent].last_seen = mono()
+            return web.json_response({"registered": agent, "incarnation": self.cfg.incarnation})
+        for other, known in list(self.peers.items()):
+            if other != agent and known.peer.pod == peer.pod and not known.dead:
+                self._peer_lost(other, f"replaced by new incarnation {peer.incarnation}")
+        descs = [(base + i * page_bytes, page_bytes, device_id) for i in range(num_pages)]
+        try:
+            await asyncio.to_thread(self.transport.add_peer, agent, metadata, descs, mem_type)
+        except TransferError as exc:
+            raise BadRequest(str(exc)) from exc
+        except Exception as exc:
+            raise BadRequest(f"cannot load peer metadata: {type(exc).__name__}") from exc
+        with self.lock:
+            self.peers[agent] = DecodePeer(agent, peer, num_pages, mono())
+        log.info("registered decode peer %s (%s)", agent, peer.address)
+        return web.json_response({"registered": agent, "incarnation": self.cfg.incarnation})
+
+    async def _register_room(self, body: dict[str, Any]) -> web.Response:
+        room = parse_room(body.get("room"))
+        agent = str(body.get("agent", ""))
+        pages = body.get("pages")
+        if not isinstance(pages, list) or not all(
+            isinstance(p, int) and not isinstance(p, bool) for p in pages
+        ):
+            raise BadRequest("pages must be a list of page indices")
+        peer = self.peers.get(agent)
+        if peer is None or peer.dead:
+            return error(409, "unknown decode peer; register first", reason="peer_lost")
+        peer.last_seen = mono()
+        binding = Binding(agent, pages, mono())
+        entry = self.table.get(room)
+        if entry is None:
+            with self.lock:
+                known = room in self.work
+                if not known:
+                    self.pending_bindings[room] = binding
+            if not known:
+                return web.json_response({"accepted": "pending"})
+            entry = self.table.get(room)
+        if entry is None or entry.terminal:
+            reason = entry.reason if entry and entry.reason else "aborted"
+            return error(410, "room already finished", reason=reason)
+        if room in self.bindings:
+            return error(409, "room already registered", reason="aborted")
+        problem = self._bind(room, binding)
+        if problem:
+            self.table.fail(room, "transfer_error", mono(), problem)
+            return error(400, problem, reason="transfer_error")
+        return web.json_response({"accepted": "bound"})
+
+    async def _abort_from_decode(self, body: dict[str, Any]) -> web.Response:
+        room = parse_room(body.get("room"))
+        now = mono()
+        with self.lock:
+            self.bindings.pop(room, None)  # no write may start into decode's pages from now on
+            self.pending_bindings.pop(room, None)
+            work = self.work.get(room)
+            if work is not None:
+                work.decode_aborted = True
+        if not self.table.fail(room, "aborted", now, "aborted by decode") and work is None:
+            self.table.tombstone(room, "aborted", "aborted by decode before prefill saw it")
+        deadline = mono() + self.cfg.transfer_timeout + 1
+        while work is not None and work.writing and mono() < deadline:
+            await asyncio.sleep(0.002)
+        drained = work is None or not work.writing
+        return web.json_response({"acked": drained, "room": room})
+
+    async def _heartbeat(self, body: dict[str, Any]) -> web.Response:
+        peer = self.peers.get(str(body.get("agent", "")))
+        known = peer is not None and not peer.dead
+        if peer is not None and known:
+            peer.last_seen = mono()
+        return web.json_response({"incarnation": self.cfg.incarnation, "known": known})

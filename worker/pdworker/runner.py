@@ -1,0 +1,89 @@
+"""Process wiring for `pdworker prefill|decode|router`: build the parts, serve, stop on SIGTERM.
+
+Kept apart from cli.py so the argument parser stays declarative and this wiring can be read in
+one place: model and pool first, the NIXL agent (named per incarnation) registered once on the
+pool, then the role, then the HTTP servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from pdworker import contract as c
+from pdworker.config import WorkerConfig
+from pdworker.discovery import Discovery
+from pdworker.server import serve_until_stopped, worker_app
+
+log = logging.getLogger(__name__)
+
+
+async def run_worker(cfg: WorkerConfig, nixl_backend: str = "UCX") -> None:
+    from pdworker.decode import DecodeWorker
+    from pdworker.model import KVPool, TinyModel, pick_device
+    from pdworker.prefill import PrefillWorker
+    from pdworker.transfer import NixlTransport
+
+    device = pick_device(cfg.device)
+    model = TinyModel(cfg.model, device)
+    pool = KVPool(cfg.model, cfg.kv_pages, device)
+    transport = NixlTransport(
+        cfg.incarnation, pool.tensor, pool.page_descs(), pool.mem_type, backend=nixl_backend
+    )
+    log.info(
+        "%s %s on %s: %d pages of %d bytes (%s), faults %s",
+        cfg.role,
+        cfg.incarnation,
+        device,
+        cfg.kv_pages,
+        cfg.model.page_bytes,
+        pool.mem_type,
+        cfg.faults.names() or "none",
+    )
+    worker: Any
+    extra_admin = {}
+    if cfg.role == "prefill":
+        worker = PrefillWorker(cfg, model, pool, transport)
+    else:
+        worker = DecodeWorker(cfg, model, pool, transport)
+        extra_admin[c.ADMIN_DECODE_STALL_PATH] = worker.handle_stall
+    await worker.start()
+    app = worker_app(
+        render_metrics=worker.metrics.render,
+        ready=worker.ready,
+        admin=worker,
+        token=cfg.admin_token,
+        extra_admin=extra_admin,
+    )
+    app.router.add_post("/generate", worker.handle_generate)
+
+    async def info(_: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "role": cfg.role,
+                "incarnation": cfg.incarnation,
+                "pod": cfg.pod,
+                "bootstrap_port": cfg.bootstrap_port if cfg.role == "prefill" else None,
+                "faults": cfg.faults.names(),
+                "layout": cfg.model.layout(),
+            }
+        )
+
+    app.router.add_get("/info", info)
+    sites = [(app, cfg.host, cfg.port)]
+    if cfg.role == "prefill":
+        sites.append((worker.bootstrap_app(), cfg.host, cfg.bootstrap_port))
+    await serve_until_stopped(sites, asyncio.Event(), on_stop=worker.stop)
+
+
+async def run_router(
+    discovery: Discovery, host: str, port: int, incarnation: str, timeout: float
+) -> None:
+    from pdworker.router import Router
+
+    router = Router(discovery, incarnation, request_timeout=timeout)
+    await router.start()
+    await serve_until_stopped([(router.app(), host, port)], asyncio.Event(), on_stop=router.stop)
