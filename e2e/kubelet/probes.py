@@ -130,7 +130,8 @@ async def run_probe(
                 _kill_group(proc.pid)
                 await proc.wait()
                 return False, f"exec probe timed out after {spec.timeout}s"
-            return proc.returncode == 0, out.decode(errors="replace")[-300:]
+            text = out.decode(errors="replace").strip()[-300:]
+            return proc.returncode == 0, f"exec probe exited with {proc.returncode}: {text}"
         if "grpc" in s:
             return False, "grpc probes are not supported by the local kubelet"
     except (OSError, TimeoutError, aiohttp.ClientError, ValueError) as e:
