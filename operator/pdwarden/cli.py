@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from pdwarden import __version__
+from pdwarden import run as run_module
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -40,8 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pdwarden {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run the operator against the current kubeconfig")
-    run.set_defaults(func=_not_built("pdwarden run", "the operator reconcile issue"))
+    run = sub.add_parser(
+        "run",
+        help="run the operator (in-cluster credentials, else KUBECONFIG)",
+        description="Reconcile PDDeployments into worker pools and keep their status true.",
+    )
+    run_module.add_arguments(run)
+    run.set_defaults(func=run_module.run)
 
     crd = sub.add_parser("crd", help="print the PDDeployment CustomResourceDefinition as YAML")
     crd.set_defaults(func=_print_crd)

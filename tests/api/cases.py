@@ -119,13 +119,3 @@ BAD_SPECS: list[Bad] = [
 def load_examples() -> dict[str, dict[str, Any]]:
     """Every example manifest by file name."""
     return {p.name: yaml.safe_load(p.read_text()) for p in EXAMPLES}
-
-
-def prune_empty(value: Any) -> Any:
-    """Drop empty lists and maps, which the API server does not store for unset fields."""
-    if isinstance(value, dict):
-        pruned = {k: prune_empty(v) for k, v in value.items()}
-        return {k: v for k, v in pruned.items() if v not in ({}, [])}
-    if isinstance(value, list):
-        return [prune_empty(v) for v in value]
-    return value

@@ -51,6 +51,11 @@ def problems(node: dict[str, Any], path: str = "") -> list[str]:
         out += [
             f"{path}: default {e}" for e in validate(with_defaults(node["default"], node), node)
         ]
+        if node.get("x-kubernetes-validations") and isinstance(node["default"], dict):
+            # CEL rules see a default as written: nested defaults are not filled in first.
+            for name, sub in node.get("properties", {}).items():
+                if "default" in sub and name not in node["default"]:
+                    out.append(f"{path}: default lacks {name}, which its CEL rules may read")
     for name, sub in node.get("properties", {}).items():
         out += problems(sub, f"{path}.{name}")
     if isinstance(node.get("additionalProperties"), dict):

@@ -70,10 +70,13 @@ def test_checker_catches_what_it_should() -> None:
             "e": {"type": "object", "properties": {}, "additionalProperties": False},
             "f": {"type": "object", "x-kubernetes-validations": [
                 {"rule": "true", "message": "m", "fieldPath": ".nope"}]},
+            "g": {"type": "object", "default": {},
+                  "x-kubernetes-validations": [{"rule": "self.x > 0", "message": "m"}],
+                  "properties": {"x": {"type": "integer", "default": 1}}},
         },
     }  # fmt: skip
     found = "\n".join(structural.problems(bad))
-    for path in (".a", ".b", ".c", ".d", ".e", ".f"):
+    for path in (".a", ".b", ".c", ".d", ".e", ".f", ".g"):
         assert f"{path}:" in found
 
 
@@ -105,7 +108,11 @@ def test_remediation_schema_teaches() -> None:
         "description": props["maxUnavailableDecode"]["description"],
         "x-kubernetes-int-or-string": True,
     }
-    assert rem["default"] == {}
+    # kubectl explain prints no defaults, so the description carries them.
+    assert props["wedgeAfterSeconds"]["description"].endswith("Default: 60.")
+    assert "\n" not in props["wedgeAfterSeconds"]["description"]
+    assert rem["default"]["wedgeAfterSeconds"] == 60
+    assert rem["default"]["actions"] == ["FailRooms", "CordonDecode", "RestartDecode"]
     messages = [r["message"] for r in rem["x-kubernetes-validations"]]
     assert any("wedgeAfterSeconds" in m for m in messages)
 

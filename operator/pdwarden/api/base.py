@@ -78,11 +78,26 @@ class StatusModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
-def nested(factory: Callable[[], Any], description: str | None = None) -> Any:
-    """A sub-object that defaults to `{}` in the CRD, so the API server fills in its defaults.
+def nested(factory: Callable[[], BaseModel], description: str | None = None) -> Any:
+    """A sub-object that is always present, defaulting to the sub-model's own defaults.
 
-    Without a `description` the sub-model's docstring describes the field (`kubectl explain`).
+    The CRD default is the whole defaulted object, not `{}`: the API server checks a default
+    against the CEL rules without filling in the nested defaults first. Without a `description`
+    the sub-model's docstring describes the field (`kubectl explain`).
     """
+    wire = factory().model_dump(mode="json", by_alias=True, exclude_none=True)
     return Field(
-        default_factory=factory, description=description, json_schema_extra={"default": {}}
+        default_factory=factory,
+        description=description,
+        json_schema_extra={"default": prune_empty(wire)},
     )
+
+
+def prune_empty(value: Any) -> Any:
+    """Drop empty lists and maps, which the API server does not store for unset fields."""
+    if isinstance(value, dict):
+        pruned = {k: prune_empty(v) for k, v in value.items()}
+        return {k: v for k, v in pruned.items() if v not in ({}, [])}
+    if isinstance(value, list):
+        return [prune_empty(v) for v in value]
+    return value

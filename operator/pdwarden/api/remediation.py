@@ -24,6 +24,7 @@ MAX_BUDGET_COUNT = 512
 
 IntOrPercent = Annotated[
     int | str,
+    # No `anyOf: [integer, string]` next to it: allowed, but kubectl explain ignores it anyway.
     WithJsonSchema({"x-kubernetes-int-or-string": True}),
 ]
 

@@ -10,6 +10,7 @@ anything it cannot express faithfully rather than emitting a schema the API serv
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 from pydantic import BaseModel
@@ -28,6 +29,25 @@ def structural_schema(model: type[BaseModel]) -> Schema:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs: dict[str, Schema] = raw.pop("$defs", {})
     return _rewrite(raw, defs, path=model.__name__)
+
+
+def _describe(node: Schema) -> str:
+    """One paragraph per docstring paragraph (kubectl explain rewraps lines), plus the default.
+
+    `kubectl explain` does not print defaults, so a scalar or list default is written into the
+    description, where users look for it.
+    """
+    paragraphs = re.split(r"\n\s*\n", node.get("description", "").strip())
+    text = "\n\n".join(" ".join(p.split()) for p in paragraphs if p.strip())
+    default = node.get("default")
+    if isinstance(default, bool):
+        text += f" Default: {str(default).lower()}."
+    elif isinstance(default, int | float | str) or (
+        isinstance(default, list) and default and all(isinstance(v, str) for v in default)
+    ):
+        shown = ", ".join(default) if isinstance(default, list) else default
+        text += f" Default: {shown}."
+    return text.strip()
 
 
 def _resolve(node: Schema, defs: dict[str, Schema]) -> Schema:
@@ -58,7 +78,7 @@ def _drop_null_branch(node: Schema, path: str) -> Schema:
 
 def _rewrite(node: Schema, defs: dict[str, Schema], path: str) -> Schema:
     node = _resolve(node, defs)
-    if "anyOf" in node:
+    if "anyOf" in node and not node.get("x-kubernetes-int-or-string"):
         node = _resolve(_drop_null_branch(node, path), defs)
     if "const" in node:
         node = {**{k: v for k, v in node.items() if k != "const"}, "enum": [node["const"]]}
@@ -74,6 +94,8 @@ def _rewrite(node: Schema, defs: dict[str, Schema], path: str) -> Schema:
             out[key] = {name: _rewrite(sub, defs, f"{path}.{name}") for name, sub in value.items()}
         elif key == "items":
             out[key] = _rewrite(value, defs, f"{path}[]")
+        elif key == "description":
+            out[key] = _describe(node)
         elif key == "additionalProperties":
             if value is False:
                 continue  # unknown fields are refused by strict field validation instead
