@@ -1,0 +1,40 @@
+"""Condition bookkeeping: keep lastTransitionTime stable unless a condition's status flips.
+
+Why: status must change only on material change (every write is a watch event for every
+client); a condition rewritten with a fresh timestamp on every pass would churn forever.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pdwarden.api import Condition, ConditionType
+
+
+def set_condition(
+    conditions: list[Condition],
+    type_: ConditionType,
+    *,
+    status: bool | None,
+    reason: str,
+    message: str,
+    now: datetime,
+    generation: int | None,
+) -> list[Condition]:
+    """Return `conditions` with `type_` set; the transition time moves only on a status flip."""
+    value = "Unknown" if status is None else ("True" if status else "False")
+    previous = next((c for c in conditions if c.type == type_), None)
+    since = previous.last_transition_time if previous and previous.status == value else now
+    new = Condition(
+        type=type_,
+        status=value,
+        reason=reason,
+        message=message[:32768],
+        last_transition_time=since,
+        observed_generation=generation,
+    )
+    return [c for c in conditions if c.type != type_] + [new]
+
+
+def condition_is(conditions: list[Condition], type_: ConditionType, value: str = "True") -> bool:
+    return any(c.type == type_ and c.status == value for c in conditions)

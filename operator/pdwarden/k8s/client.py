@@ -1,0 +1,202 @@
+"""An async, deadline-bound facade over the official Kubernetes client.
+
+Why: kopf handlers are async, and the official client blocks. Every call here runs in a worker
+thread under a hard timeout, so a slow API server can never stall the event loop or a handler
+forever; and the few verbs the operator needs (server-side apply, create-once, list by label,
+pod status patch, delete with a UID precondition, events) are spelled out in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+Obj = dict[str, Any]
+
+# kind -> (plural, namespaced); only kinds the operator writes or reads.
+_PLURALS: Final[dict[str, tuple[str, bool]]] = {
+    "Pod": ("pods", True),
+    "Service": ("services", True),
+    "Secret": ("secrets", True),
+    "ServiceAccount": ("serviceaccounts", True),
+    "Event": ("events", True),
+    "StatefulSet": ("statefulsets", True),
+    "Deployment": ("deployments", True),
+    "PodDisruptionBudget": ("poddisruptionbudgets", True),
+    "Role": ("roles", True),
+    "RoleBinding": ("rolebindings", True),
+    "PDDeployment": ("pddeployments", True),
+}
+DEFAULT_TIMEOUT: Final = 15.0
+
+
+class ApiError(Exception):
+    """An API call failed; `status` is the HTTP status (0 for transport errors or timeouts)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"{status}: {reason}" if status else reason)
+        self.status = status
+        self.reason = reason
+
+    @property
+    def transient(self) -> bool:
+        return self.status in (0, 409, 429) or self.status >= 500
+
+
+def resource_path(
+    api_version: str, kind: str, namespace: str | None, name: str | None = None, sub: str = ""
+) -> str:
+    try:
+        plural, namespaced = _PLURALS[kind]
+    except KeyError:
+        raise ValueError(f"kind {kind} is not one the operator manages") from None
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    path = base + (f"/namespaces/{namespace}" if namespaced and namespace else "") + f"/{plural}"
+    if name:
+        path += f"/{name}"
+    if sub:
+        path += f"/{sub}"
+    return path
+
+
+def _message(e: ApiException) -> str:
+    try:
+        body = json.loads(e.body or "{}")
+    except ValueError:
+        return str(e.reason)
+    return str(body.get("message") or e.reason)
+
+
+@dataclass
+class KubeClient:
+    api: k8s.ApiClient
+    timeout: float = DEFAULT_TIMEOUT
+
+    @classmethod
+    def from_environment(cls) -> KubeClient:
+        """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG)."""
+        try:
+            k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except k8s_config.ConfigException:
+            k8s_config.load_kube_config()  # type: ignore[no-untyped-call]
+        return cls(k8s.ApiClient())
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> Obj:
+        def call() -> Obj:
+            method_, url, headers, body_, post = self.api.param_serialize(
+                method,
+                path,
+                query_params=query or [],
+                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            resp = self.api.call_api(
+                method_, url, header_params=headers, body=body_, post_params=post,
+                _request_timeout=self.timeout,
+            )  # fmt: skip
+            resp.read()  # type: ignore[no-untyped-call]
+            if not 200 <= resp.status < 300:
+                raise ApiException(http_resp=resp)
+            data = json.loads(resp.data or b"{}")
+            return data if isinstance(data, dict) else {}
+
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(call), self.timeout + 2)
+        except ApiException as e:
+            raise ApiError(int(e.status or 0), _message(e)) from None
+        except (TimeoutError, OSError) as e:
+            raise ApiError(0, f"{method} {path}: {type(e).__name__}: {e}") from None
+
+    async def apply(self, obj: Obj, field_manager: str) -> Obj:
+        """Server-side apply `obj` as `field_manager`, taking ownership of its fields."""
+        meta = obj["metadata"]
+        path = resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+        return await self._call(
+            "PATCH",
+            path,
+            body=obj,
+            query=[("fieldManager", field_manager), ("force", "true")],
+            content_type="application/apply-patch+yaml",
+        )
+
+    async def create(self, obj: Obj) -> Obj | None:
+        """Create `obj`; None if it already exists (409), leaving the existing one untouched."""
+        meta = obj["metadata"]
+        path = resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace"))
+        try:
+            return await self._call("POST", path, body=obj)
+        except ApiError as e:
+            if e.status == 409:
+                return None
+            raise
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
+        try:
+            return await self._call("GET", resource_path(api_version, kind, namespace, name))
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def list(
+        self, api_version: str, kind: str, namespace: str, label_selector: str
+    ) -> list[Obj]:
+        data = await self._call(
+            "GET",
+            resource_path(api_version, kind, namespace),
+            query=[("labelSelector", label_selector)],
+        )
+        items: list[Obj] = data.get("items") or []
+        return items
+
+    async def patch_status(
+        self, api_version: str, kind: str, namespace: str, name: str, status: Obj
+    ) -> Obj:
+        return await self._call(
+            "PATCH",
+            resource_path(api_version, kind, namespace, name, "status"),
+            body={"status": status},
+            content_type="application/merge-patch+json",
+        )
+
+    async def set_pod_condition(self, namespace: str, name: str, condition: Obj) -> Obj:
+        """Add or replace one pod condition (strategic merge keys conditions by type)."""
+        return await self._call(
+            "PATCH",
+            resource_path("v1", "Pod", namespace, name, "status"),
+            body={"status": {"conditions": [condition]}},
+            content_type="application/strategic-merge-patch+json",
+        )
+
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete the pod only if it is still the incarnation `uid`; False if it is gone."""
+        try:
+            await self._call(
+                "DELETE",
+                resource_path("v1", "Pod", namespace, name),
+                body={"preconditions": {"uid": uid}},
+            )
+        except ApiError as e:
+            if e.status in (404, 409):
+                return False
+            raise
+        return True
+
+    async def create_event(self, event: Obj) -> None:
+        await self._call(
+            "POST", resource_path("v1", "Event", event["metadata"]["namespace"]), event
+        )

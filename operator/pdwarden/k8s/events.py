@@ -1,0 +1,69 @@
+"""Kubernetes Events for what the operator did and why, on the PDDeployment and on pods.
+
+Why: `kubectl describe` and `kubectl get events` are where users look first; every action,
+refusal and dry-run decision is posted here, never only logged.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pdwarden.k8s.client import ApiError, KubeClient
+
+Obj = dict[str, Any]
+COMPONENT = "pdwarden"
+MAX_MESSAGE = 1024
+
+
+def object_ref(obj: Obj) -> Obj:
+    meta = obj["metadata"]
+    return {
+        "apiVersion": obj.get("apiVersion", "v1"),
+        "kind": obj.get("kind", "Pod"),
+        "name": meta["name"],
+        "namespace": meta.get("namespace"),
+        "uid": meta.get("uid"),
+        "resourceVersion": meta.get("resourceVersion"),
+    }
+
+
+def build_event(
+    involved: Obj, reason: str, message: str, type_: Literal["Normal", "Warning"] = "Normal"
+) -> Obj:
+    now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    ref = object_ref(involved)
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": f"{ref['name']}.{uuid.uuid4().hex[:12]}",
+            "namespace": ref["namespace"],
+        },
+        "involvedObject": ref,
+        "reason": reason,
+        "message": message[:MAX_MESSAGE],
+        "type": type_,
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": COMPONENT,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
+async def post_event(
+    client: KubeClient,
+    involved: Obj,
+    reason: str,
+    message: str,
+    type_: Literal["Normal", "Warning"] = "Normal",
+) -> bool:
+    """Post an Event; a failure to post is reported by the return value, never raised."""
+    try:
+        await client.create_event(build_event(involved, reason, message, type_))
+    except ApiError:
+        return False
+    return True

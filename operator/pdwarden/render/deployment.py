@@ -1,0 +1,198 @@
+"""Render a whole PDDeployment: worker StatefulSets, Services, router, Secret and PDB.
+
+Why: this is the pure function at the centre of reconciling (`desired = render(spec)`); the
+adapter applies its output as is, so everything users see in the cluster can be read off here.
+"""
+
+from __future__ import annotations
+
+import base64
+
+from pdwarden.api import PDDeploymentSpec
+from pdwarden.constants import (
+    ANNOTATION_TEMPLATE_HASH,
+    ROLE_DECODE,
+    ROLE_PREFILL,
+    ROLE_ROUTER,
+)
+from pdwarden.render.common import (
+    ADMIN_TOKEN_KEY,
+    WORKER_PORT,
+    Obj,
+    Owner,
+    content_hash,
+    metadata,
+    names,
+    selector_labels,
+)
+from pdwarden.render.engines import router_launch, worker_launch
+from pdwarden.render.pods import pod_template
+
+
+def render_deployment(owner: Owner, spec: PDDeploymentSpec) -> list[Obj]:
+    """Every object the PDDeployment owns except the admin Secret (see `admin_secret`)."""
+    n = names(owner.name)
+    objects: list[Obj] = []
+    for role in (ROLE_PREFILL, ROLE_DECODE):
+        objects += [_headless_service(owner, role, spec), _stateful_set(owner, role, spec)]
+    objects.append(_decode_pdb(owner, spec))
+    if spec.router.replicas > 0 or spec.engine == "pdworker":
+        objects += _router(owner, spec)
+    assert len({(o["kind"], o["metadata"]["name"]) for o in objects}) == len(objects)
+    assert n.prefill != n.decode
+    return objects
+
+
+def admin_secret(owner: Owner, token: str) -> Obj:
+    """The per-deployment Secret with the workers' admin token; created once, never rotated here."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(owner, names(owner.name).admin_secret),
+        "type": "Opaque",
+        "data": {ADMIN_TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }
+
+
+def _ports(spec: PDDeploymentSpec, role: str) -> list[Obj]:
+    ports: list[Obj] = [{"name": "http", "port": WORKER_PORT, "targetPort": "http"}]
+    if role != ROLE_ROUTER:
+        port = spec.transfer.bootstrap_port
+        ports.append({"name": "bootstrap", "port": port, "targetPort": "bootstrap"})
+    return ports
+
+
+def _headless_service(owner: Owner, role: str, spec: PDDeploymentSpec) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(owner, names(owner.name).for_role(role), role),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector_labels(owner, role),
+            "ports": _ports(spec, role),
+            "publishNotReadyAddresses": False,
+        },
+    }
+
+
+def _stateful_set(owner: Owner, role: str, spec: PDDeploymentSpec) -> Obj:
+    n = names(owner.name)
+    pool = spec.prefill if role == ROLE_PREFILL else spec.decode
+    template = pod_template(
+        owner,
+        spec,
+        role,
+        settings=pool,
+        launch=worker_launch(spec, role),
+        gpus=pool.gpus,
+        admin_secret=n.admin_secret,
+    )
+    template_hash = content_hash(template)
+    template["metadata"]["annotations"][ANNOTATION_TEMPLATE_HASH] = template_hash
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": metadata(
+            owner,
+            n.for_role(role),
+            role,
+            annotations={ANNOTATION_TEMPLATE_HASH: template_hash},
+        ),
+        "spec": {
+            "serviceName": n.for_role(role),
+            "replicas": pool.replicas,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": selector_labels(owner, role)},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
+            "persistentVolumeClaimRetentionPolicy": {
+                "whenDeleted": "Delete",
+                "whenScaled": "Delete",
+            },
+            "template": template,
+        },
+    }
+
+
+def _decode_pdb(owner: Owner, spec: PDDeploymentSpec) -> Obj:
+    """Voluntary disruptions (drains) take at most one decode pod at a time."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(owner, names(owner.name).decode_pdb, ROLE_DECODE),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector_labels(owner, ROLE_DECODE)},
+        },
+    }
+
+
+def _router(owner: Owner, spec: PDDeploymentSpec) -> list[Obj]:
+    """The router Deployment and Service, and the RBAC its Kubernetes discovery needs."""
+    n = names(owner.name)
+    template = pod_template(
+        owner,
+        spec,
+        ROLE_ROUTER,
+        settings=spec.router,
+        launch=router_launch(spec, owner),
+        gpus=0,
+        admin_secret=None,
+        service_account=n.router_account,
+    )
+    template_hash = content_hash(template)
+    template["metadata"]["annotations"][ANNOTATION_TEMPLATE_HASH] = template_hash
+    rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": metadata(owner, n.router_account, ROLE_ROUTER),
+            "automountServiceAccountToken": True,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": metadata(owner, n.router_account, ROLE_ROUTER),
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": metadata(owner, n.router_account, ROLE_ROUTER),
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": n.router_account,
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": n.router_account, "namespace": owner.namespace}
+            ],
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": metadata(
+                owner, n.router, ROLE_ROUTER, annotations={ANNOTATION_TEMPLATE_HASH: template_hash}
+            ),
+            "spec": {
+                "replicas": spec.router.replicas,
+                "selector": {"matchLabels": selector_labels(owner, ROLE_ROUTER)},
+                "strategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+                },
+                "template": template,
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata(owner, n.router, ROLE_ROUTER),
+            "spec": {
+                "type": "ClusterIP",
+                "selector": selector_labels(owner, ROLE_ROUTER),
+                "ports": _ports(spec, ROLE_ROUTER),
+            },
+        },
+    ]

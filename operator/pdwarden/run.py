@@ -1,0 +1,83 @@
+"""`pdwarden run`: start the kopf operator with the options given on the command line.
+
+Why a module of its own: it is the only place that starts servers (liveness, metrics) and an
+event loop; the CLI stays a parser and the handlers stay importable without side effects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import random
+
+import kopf
+from prometheus_client import start_http_server
+
+from pdwarden.main import RunConfig, build_registry
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    host = os.environ.get("POD_IP") or "127.0.0.1"
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n", "--namespace", action="append", default=[],
+        help="watch only this namespace (repeatable); default: all namespaces",
+    )  # fmt: skip
+    scope.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="watch every namespace (default)"
+    )
+    ha = parser.add_mutually_exclusive_group()
+    ha.add_argument(
+        "--standalone", action="store_true",
+        help="run without peering (default): only safe with a single operator replica",
+    )  # fmt: skip
+    ha.add_argument(
+        "--peering", metavar="NAME",
+        help="coordinate with other replicas through the KopfPeering object NAME "
+        "(crds/kopf-peering.yaml); only the highest-priority live replica acts",
+    )  # fmt: skip
+    parser.add_argument(
+        "--priority", type=int, default=None,
+        help="peering priority of this replica (default: random, so replicas never tie)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--host", default=host, help=f"address for the liveness and metrics servers ({host})"
+    )
+    parser.add_argument(
+        "--liveness-port", type=int, default=8080, help="serve /healthz here; 0 disables"
+    )
+    parser.add_argument(
+        "--metrics-port", type=int, default=9090, help="serve Prometheus /metrics here; 0 disables"
+    )
+    parser.add_argument(
+        "--resync-seconds", type=float, default=5.0,
+        help="seconds between level-based passes over every PDDeployment (5)",
+    )  # fmt: skip
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.resync_seconds <= 0:
+        raise SystemExit("pdwarden run: --resync-seconds must be positive")
+    kopf.configure(verbose=args.verbose)
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    registry = build_registry(RunConfig(resync_seconds=args.resync_seconds))
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr=args.host)
+    liveness = f"http://{args.host}:{args.liveness_port}/healthz" if args.liveness_port else None
+    namespaces = list(args.namespace)
+    priority = args.priority if args.priority is not None else random.randint(1, 1_000_000)
+    asyncio.run(
+        kopf.operator(
+            registry=registry,
+            standalone=args.peering is None,
+            peering_name=args.peering,
+            priority=priority,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            liveness_endpoint=liveness,
+        )
+    )
+    return 0
