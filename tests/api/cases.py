@@ -8,7 +8,7 @@ valid minimal spec, so a case fails for exactly one reason.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +45,6 @@ class Bad:
     id: str
     patch: dict[str, Any]
     field: str  # the path the refusal must name, as the API server spells it
-    why: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def spec(self) -> dict[str, Any]:

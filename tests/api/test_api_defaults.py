@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from pdwarden.api import (
+    InvalidSpec,
     PDDeploymentSpec,
     PDDeploymentStatus,
     parse_spec,
@@ -54,6 +55,11 @@ def test_wire_form_is_camel_case_and_round_trips() -> None:
 def test_python_names_are_accepted_too() -> None:
     spec = PDDeploymentSpec(model={"name": "tiny"}, remediation={"wedge_after_seconds": 30})  # type: ignore[arg-type]
     assert spec.remediation.wedge_after_seconds == 30
+
+
+def test_the_boundary_accepts_wire_names_only() -> None:
+    with pytest.raises(InvalidSpec, match=r"spec\.remediation\.wedge_after_seconds"):
+        parse_spec({"model": {"name": "tiny"}, "remediation": {"wedge_after_seconds": 30}})
 
 
 def test_spec_is_frozen() -> None:

@@ -41,16 +41,19 @@ def field_problems(error: ValidationError, root: str = "spec") -> list[str]:
 
 
 def parse_spec(raw: Mapping[str, Any]) -> PDDeploymentSpec:
-    """Validate a PDDeployment's `spec`; raise InvalidSpec with field-named problems."""
+    """Validate a PDDeployment's `spec`; raise InvalidSpec with field-named problems.
+
+    Only wire (camelCase) names are accepted, as the API server accepts only those.
+    """
     try:
-        return PDDeploymentSpec.model_validate(dict(raw), by_alias=True)
+        return PDDeploymentSpec.model_validate(dict(raw), by_alias=True, by_name=False)
     except ValidationError as error:
         raise InvalidSpec(field_problems(error)) from None
 
 
 def parse_status(raw: Mapping[str, Any] | None) -> PDDeploymentStatus:
     """Read back the status the operator wrote (an empty status when there is none yet)."""
-    return PDDeploymentStatus.model_validate(dict(raw or {}), by_alias=True)
+    return PDDeploymentStatus.model_validate(dict(raw or {}), by_alias=True, by_name=False)
 
 
 def spec_to_wire(spec: PDDeploymentSpec) -> dict[str, Any]:
