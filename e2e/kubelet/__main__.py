@@ -50,11 +50,11 @@ def parse(argv: list[str] | None) -> Config:
     p.add_argument("--node-prefix", default="", help="prefix for node names (default none)")
     p.add_argument(
         "--pod-network",
-        choices=["auto", "local-route", "loopback"],
-        default="auto",
-        help="local-route: real pod CIDR IPs via a `local` route on lo (needs CAP_NET_ADMIN; "
-        "EndpointSlices work); loopback: 10.X.N.K -> 127.X.N.K (no privileges; the API server "
-        "rejects such IPs in EndpointSlices); auto: local-route if possible (default)",
+        choices=["loopback"],
+        default="loopback",
+        help="loopback (the only mode enabled): pod IP 10.X.N.K is served as 127.X.N.K; needs "
+        "no privileges and never touches the host's routes, but the API server rejects such "
+        "IPs in EndpointSlices, so Services have no endpoints (see network.py)",
     )
     p.add_argument(
         "--pod-cidr-wait",

@@ -32,7 +32,7 @@ class Config:
     cpu_nodes: int = 1
     gpus_per_node: int = 8
     node_prefix: str = ""
-    pod_network: str = "auto"  # auto | local-route | loopback
+    pod_network: str = "loopback"
     fallback_cidr: str = "10.250.0.0/16"
     pod_cidr_wait: float = 30.0
     kubectl: str | None = None

@@ -4,6 +4,9 @@ Why: the API server rejects loopback addresses in EndpointSlices (ValidateEndpoi
 with 127.x.y.z IPs never appear behind a Service. With CAP_NET_ADMIN we add a `local` route for
 the pod CIDR on `lo` - exactly how Linux treats 127.0.0.0/8 - and pods keep their real 10.x IPs.
 Without it we map the CIDR into 127/8 (see podips.py) and say what breaks.
+
+The CLI currently offers only `loopback` (the local kubelet must not change the host's routes);
+`Config(pod_network="auto" | "local-route")` keeps the route mode available to opt into.
 """
 
 from __future__ import annotations

@@ -204,8 +204,6 @@ def test_readiness_gate_controls_endpointslice(cluster: Cluster, namespace: str)
     )
     assert condition(pod(), "Ready") == "False", "Ready despite a missing readiness gate"
     ip = pod()["status"]["podIP"]
-    if ip.startswith("127."):
-        pytest.skip("loopback pod network: the API server rejects 127/8 IPs in EndpointSlices")
 
     def set_gate(status: str) -> None:
         patch = {"status": {"conditions": [{"type": GATE, "status": status}]}}
@@ -220,14 +218,24 @@ def test_readiness_gate_controls_endpointslice(cluster: Cluster, namespace: str)
                     return bool(ep["conditions"].get("ready"))
         return None
 
+    # The API server refuses 127/8 addresses in EndpointSlices (ValidateEndpointIP), so with the
+    # loopback pod network only the pod's own Ready condition can be checked.
+    slices = not ip.startswith("127.")
     set_gate("True")
     cluster.wait_until("pod Ready with gate True", lambda: condition(pod(), "Ready") == "True")
-    cluster.wait_until("endpoint ready", lambda: endpoint_ready() is True)
+    if slices:
+        cluster.wait_until("endpoint ready", lambda: endpoint_ready() is True)
     set_gate("False")
     cluster.wait_until("pod NotReady with gate False", lambda: condition(pod(), "Ready") == "False")
-    cluster.wait_until("endpoint not ready", lambda: endpoint_ready() is False)
+    assert condition(pod(), "ContainersReady") == "True"
+    if slices:
+        cluster.wait_until("endpoint not ready", lambda: endpoint_ready() is False)
     set_gate("True")
-    cluster.wait_until("endpoint ready again", lambda: endpoint_ready() is True)
+    cluster.wait_until("pod Ready again", lambda: condition(pod(), "Ready") == "True")
+    if slices:
+        cluster.wait_until("endpoint ready again", lambda: endpoint_ready() is True)
+    else:
+        pytest.xfail("loopback pod IPs: EndpointSlices cannot list them (pod Ready part passed)")
 
 
 RBAC_CHECK = textwrap.dedent(

@@ -175,9 +175,5 @@ def test_no_pod_process_outlives_the_kubelet(
             kubelet.wait()
         cluster.kubectl("delete", "pod", "pinned", "-n", namespace, "--grace-period=0", "--force",
                         check=False)  # fmt: skip
-        cidr = (get(cluster, "", "node", node) or {}).get("spec", {}).get("podCIDR")
-        if how == "sigkill" and cidr:  # a killed kubelet cannot remove its local route
-            subprocess.run(["ip", "route", "del", "local", cidr, "dev", "lo", "table", "local"],
-                           capture_output=True, check=False)  # fmt: skip
         cluster.kubectl("delete", "node", node, "--wait=false", check=False)
     assert not os.path.exists(f"/proc/{pid}") or not alive(pid)
