@@ -172,7 +172,7 @@ class RoomTable:
     def set_phase(self, room: int, phase: str, now: float) -> bool:
         with self._lock:
             entry = self._rooms.get(room)
-            if entry is None or entry.status == KVPoll.Failed:
+            if entry is None:
                 return False
             entry.phase = phase
             entry.phase_since = now

@@ -1,0 +1,97 @@
+"""Abort storms: 30 concurrent clients with 30% of requests cancelled at random moments.
+
+The correct worker ends every storm clean. The legacy-status-race fault really reproduces the
+production wedge (rooms stuck in the prefill inflight queue while decode runs nothing), and the
+inflight watchdog clears those rooms when it is not switched off.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import PD, metric, queues_idle, scrape, wait_for
+
+pytestmark = [pytest.mark.nixl, pytest.mark.slow]
+REASONS = ("aborted", "bootstrap_timeout", "waiting_timeout", "inflight_timeout",
+           "transfer_error", "peer_lost", "admin")  # fmt: skip
+STORM = ["--clients", "30", "--cancel-fraction", "0.3", "--prompt-len", "4:64",
+         "--output-len", "1:8", "--seed", "7"]  # fmt: skip
+# A slower forward (chunks of one page, 3 ms each) so cancellations land mid-prefill too.
+SLOW_FORWARD = ("--prefill-chunk-ms", "3", "--chunk-pages", "1")
+
+
+def failures(url: str) -> dict[str, float]:
+    s = scrape(url)
+    return {r: metric(s, "pdworker_requests_failed_total", reason=r) for r in REASONS}
+
+
+def assert_clean(pd: PD, *procs) -> None:
+    for proc in procs:
+        wait_for(lambda proc=proc: queues_idle(proc.url), 15, f"{proc.name} queues at 0")
+        status, rooms = pd.admin(proc, "GET", "/admin/rooms")
+        assert status == 200 and rooms == [], rooms
+        s = scrape(proc.url)
+        assert metric(s, "pdworker_kv_pages_free") == metric(s, "pdworker_kv_pages_total")
+        assert metric(s, "pdworker_kv_checksum_mismatch_total") == 0
+
+
+def test_abort_storm_leaves_nothing_behind(pd: PD) -> None:
+    prefill, decode, router = pd.trio("--chunk-pages", "1")
+    summary = pd.load(router, *STORM, "--requests", "3000", "--cancel-max-ms", "150")
+    assert summary["requests"] == 3000
+    assert summary["cancelled"] > 600, summary
+    assert summary["failed_total"] == 0, summary  # requests nobody cancelled all completed
+    assert_clean(pd, prefill, decode)
+    for proc in (prefill, decode):
+        failed = failures(proc.url)
+        assert failed["aborted"] > 0, failed  # cancellations reached both sides
+        assert {r: v for r, v in failed.items() if r != "aborted" and v} == {}, failed
+    d = scrape(decode.url)
+    assert metric(d, "pdworker_requests_completed_total", role="decode") >= summary["completed"]
+
+
+def test_legacy_status_race_without_watchdog_wedges_prefill(pd: PD) -> None:
+    prefill, decode, router = pd.trio(
+        *SLOW_FORWARD, "--fault", "legacy-status-race,no-inflight-watchdog"
+    )
+    summary = pd.load(router, *STORM, "--requests", "1200", "--cancel-max-ms", "150")
+    assert summary["cancelled"] > 200, summary
+    # Decode finishes everything it was given and goes idle...
+    wait_for(lambda: queues_idle(decode.url), 15, "decode idle")
+    # ...while prefill keeps rooms in the inflight queue, and they stay there.
+    stuck = wait_for(
+        lambda: metric(scrape(prefill.url), "pdworker_prefill_inflight_queue_reqs"), 10, "stuck rooms"
+    )
+    first = scrape(prefill.url)
+    wait_for(
+        lambda: metric(scrape(prefill.url), "pdworker_prefill_inflight_oldest_seconds")
+        > metric(first, "pdworker_prefill_inflight_oldest_seconds") + 2,
+        10, "the oldest stuck room to age",
+    )  # fmt: skip
+    later, d = scrape(prefill.url), scrape(decode.url)
+    assert metric(later, "pdworker_prefill_inflight_queue_reqs") >= stuck > 0
+    assert metric(d, "pdworker_decode_running_reqs") == 0
+    assert metric(d, "pdworker_decode_transfer_queue_reqs") == 0
+    status, rooms = pd.admin(prefill, "GET", "/admin/rooms")
+    assert status == 200
+    wedged = [r for r in rooms if r["phase"] == "inflight"]
+    assert wedged and all(r["state"] == "Transferring" for r in wedged)
+    # The operator's remedy works on the wedge: fail the rooms through the admin API.
+    status, answer = pd.admin(prefill, "POST", "/admin/rooms/fail", {"older_than_seconds": 1})
+    assert status == 200 and len(answer["failed"]) >= len(wedged)
+    assert_clean(pd, prefill, decode)
+
+
+def test_legacy_status_race_with_watchdog_recovers(pd: PD) -> None:
+    inflight_timeout = 3.0
+    prefill, decode, router = pd.trio(
+        *SLOW_FORWARD, "--fault", "legacy-status-race", "--inflight-timeout", str(inflight_timeout)
+    )
+    summary = pd.load(router, *STORM, "--requests", "1200", "--cancel-max-ms", "150")
+    assert summary["cancelled"] > 200, summary
+    started = time.monotonic()
+    assert_clean(pd, prefill, decode)
+    assert time.monotonic() - started < inflight_timeout + 12
+    failed = failures(prefill.url)
+    assert failed["inflight_timeout"] > 0, failed  # rooms did wedge, and the watchdog cleared them
