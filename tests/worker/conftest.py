@@ -163,7 +163,9 @@ class PD:
 
         wait_for(ready, timeout, f"{proc.name} ready")
 
-    def trio(self, *prefill_extra: str, decode_extra: tuple[str, ...] = ()) -> tuple[Proc, Proc, Proc]:
+    def trio(
+        self, *prefill_extra: str, decode_extra: tuple[str, ...] = ()
+    ) -> tuple[Proc, Proc, Proc]:
         prefill = self.worker("prefill", *prefill_extra, wait=False)
         decode = self.worker("decode", *decode_extra, wait=False)
         self.wait_ready(prefill)

@@ -27,7 +27,9 @@ def test_200_requests_checksums_and_metrics_agree(pd: PD) -> None:
 
     # A few requests whose KV we recompute here: the bytes decode received are the model's.
     for ids, max_new in (([5], 1), (list(range(1, 22)), 4), ([7] * 37, 3), (list(range(100)), 2)):
-        status, body = http("POST", f"{router.url}/generate", {"input_ids": ids, "max_new_tokens": max_new})
+        status, body = http(
+            "POST", f"{router.url}/generate", {"input_ids": ids, "max_new_tokens": max_new}
+        )
         assert status == 200, body
         checksum, tokens = expected(ids, max_new)
         assert body["kv_checksum"] == checksum
@@ -45,7 +47,9 @@ def test_200_requests_checksums_and_metrics_agree(pd: PD) -> None:
     assert metric(p, "pdworker_requests_completed_total", role="prefill") == 200 + direct
     assert metric(r, "pdworker_requests_completed_total", role="router") == 200 + direct
     direct_tokens = 1 + 4 + 3 + 2
-    assert metric(d, "pdworker_generated_tokens_total") == summary["generated_tokens"] + direct_tokens
+    assert (
+        metric(d, "pdworker_generated_tokens_total") == summary["generated_tokens"] + direct_tokens
+    )
     moved = metric(p, "pdworker_kv_transfer_bytes_total")
     page_bytes = CFG.page_bytes
     direct_bytes = sum(CFG.pages_for(n) for n in (1, 21, 37, 100)) * page_bytes
@@ -53,7 +57,9 @@ def test_200_requests_checksums_and_metrics_agree(pd: PD) -> None:
     assert metric(p, "pdworker_kv_transfer_seconds_count") == 200 + direct
     for samples in (p, d):
         assert metric(samples, "pdworker_kv_checksum_mismatch_total") == 0
-        assert metric(samples, "pdworker_kv_pages_free") == metric(samples, "pdworker_kv_pages_total")
+        assert metric(samples, "pdworker_kv_pages_free") == metric(
+            samples, "pdworker_kv_pages_total"
+        )
         for reason in ("aborted", "transfer_error", "peer_lost", "waiting_timeout"):
             assert metric(samples, "pdworker_requests_failed_total", reason=reason) == 0
     incarnations = [k for k in p if k[0] == "pdworker_incarnation_info"]

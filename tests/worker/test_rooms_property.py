@@ -205,7 +205,9 @@ def _legacy_wedges(events: list[tuple]) -> bool:
 
 def test_the_property_catches_the_legacy_race() -> None:
     """The same event model finds the wedge when the legacy fault is on: the test can fail."""
-    example = find(st.lists(EVENTS, max_size=30), _legacy_wedges, settings=settings(max_examples=5000))
+    example = find(
+        st.lists(EVENTS, max_size=30), _legacy_wedges, settings=settings(max_examples=5000)
+    )
     assert _legacy_wedges(example)
     fixed = Harness()
     for event in example:

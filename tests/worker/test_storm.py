@@ -61,7 +61,9 @@ def test_legacy_status_race_without_watchdog_wedges_prefill(pd: PD) -> None:
     wait_for(lambda: queues_idle(decode.url), 15, "decode idle")
     # ...while prefill keeps rooms in the inflight queue, and they stay there.
     stuck = wait_for(
-        lambda: metric(scrape(prefill.url), "pdworker_prefill_inflight_queue_reqs"), 10, "stuck rooms"
+        lambda: metric(scrape(prefill.url), "pdworker_prefill_inflight_queue_reqs"),
+        10,
+        "stuck rooms",
     )
     first = scrape(prefill.url)
     wait_for(
