@@ -11,17 +11,25 @@ from __future__ import annotations
 import atexit
 import os
 import subprocess
+import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
-from e2e.cluster.controlplane import LocalCluster, build_binaries, random_pod_cidr_octet
+from e2e.cluster.controlplane import (
+    LocalCluster,
+    build_binaries,
+    free_port,
+    random_pod_cidr_octet,
+)
 
 EXTERNAL_ENV = "PDWARDEN_E2E_KUBECONFIG"
+T = TypeVar("T")
 
 
 @dataclass
@@ -61,14 +69,14 @@ class Cluster:
             )
         return out
 
-    def wait_until(self, what: str, check: object, timeout: float = 60) -> None:
-        """Poll `check()` (any callable returning truthy) until true or fail the test."""
+    def wait_until(self, what: str, check: Callable[[], T], timeout: float = 60) -> T:
+        """Poll `check()` until it returns something truthy (returned) or fail the test."""
         deadline = time.monotonic() + timeout
-        last: object = None
+        last: T | None = None
         while time.monotonic() < deadline:
-            last = check()  # type: ignore[operator]
+            last = check()
             if last:
-                return
+                return last
             time.sleep(0.3)
         raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
@@ -104,3 +112,90 @@ def namespace(cluster: Cluster) -> Iterator[str]:
     )
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CRD_FILE = REPO_ROOT / "crds" / "pddeployments.pdwarden.dev.yaml"
+
+
+@pytest.fixture(scope="session")
+def crd(cluster: Cluster) -> str:
+    """The PDDeployment CRD, installed (server-side apply) and Established."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/pddeployments.pdwarden.dev", "--timeout=60s"
+    )
+    return "pddeployments.pdwarden.dev"
+
+
+class OperatorProcess:
+    """`pdwarden run` as a real process, scoped to some namespaces, with its own ports."""
+
+    def __init__(self, cluster: Cluster, namespaces: list[str], log_path: Path, *extra: str):
+        self.cluster = cluster
+        self.namespaces = namespaces
+        self.log_path = log_path
+        self.extra = list(extra)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.metrics_port = 0
+
+    def start(self) -> OperatorProcess:
+        self.metrics_port = free_port()
+        argv = [
+            str(Path(sys.executable).parent / "pdwarden"),
+            "run",
+            *[f"--namespace={ns}" for ns in self.namespaces],
+            f"--liveness-port={free_port()}",
+            f"--metrics-port={self.metrics_port}",
+            "--host=127.0.0.1",
+            "--resync-seconds=1",
+            *self.extra,
+        ]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                argv,
+                env={**self.cluster.env, "PYTHONUNBUFFERED": "1"},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    def kill(self, sig: int = 9) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def metric(self, name: str) -> float:
+        """Sum of a metric's samples from this operator's /metrics (0 if absent)."""
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            text = resp.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name) and not line.startswith("#"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def operator(
+    cluster: Cluster, namespace: str, crd: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """A running operator watching only this test's namespace."""
+    op = OperatorProcess(cluster, [namespace], tmp_path / "operator.log").start()
+    yield op
+    op.stop()

@@ -95,9 +95,16 @@ def build_launch(
     mounts: dict[str, str],
     pod_dir: Path,
     kubectl: str | None,
+    *,
+    host_env: dict[str, str] | None = None,
 ) -> Launch:
-    """argv/env/cwd with `$(VAR)` expanded and mountPaths replaced by host directories."""
-    env = {k: substitute_paths(v, mounts) for k, v in env.items()}
+    """argv/env/cwd with `$(VAR)` expanded and mountPaths replaced by host directories.
+
+    `host_env` holds what the kubelet itself set (HOME, KUBECONFIG, ...): those values are host
+    paths already and are never rewritten, even when they start with a mountPath such as /tmp.
+    """
+    own = host_env or {}
+    env = {k: v if own.get(k) == v else substitute_paths(v, mounts) for k, v in env.items()}
 
     def fix(xs: list[str]) -> list[str]:
         return [substitute_paths(expand(x, env), mounts) for x in xs]

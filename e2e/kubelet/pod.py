@@ -212,7 +212,12 @@ class PodWorker:
                 self.ctx.api, self.pod, c.spec, self.env, self.ctx.node_allocatable
             )
             launch = build_launch(
-                c.spec, env, self.volumes.mounts(c.spec), self.dir, self.ctx.kubectl
+                c.spec,
+                env,
+                self.volumes.mounts(c.spec),
+                self.dir,
+                self.ctx.kubectl,
+                host_env=self.env,
             )
         except (ConfigError, ImageNotMapped) as e:
             reason = (

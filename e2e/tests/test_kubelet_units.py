@@ -158,3 +158,15 @@ def test_probe_thresholds() -> None:
     assert live.result is True
     assert not live.record(False) and not live.record(False)
     assert live.record(False) and live.result is False
+
+
+def test_kubelet_owned_env_is_never_rewritten_even_under_a_mount_path(tmp_path: Any) -> None:
+    from e2e.kubelet.launch import build_launch
+
+    container = {"image": "python:3.11", "command": ["python", "-c", "pass"]}
+    mounts = {"/tmp": str(tmp_path / "vol-tmp")}
+    own = {"PATH": "/usr/bin", "KUBECONFIG": "/tmp/state/pod/kubeconfig"}
+    env = {**own, "CACHE": "/tmp/cache"}
+    launch = build_launch(container, env, mounts, tmp_path, None, host_env=own)
+    assert launch.env["KUBECONFIG"] == "/tmp/state/pod/kubeconfig"
+    assert launch.env["CACHE"] == f"{tmp_path}/vol-tmp/cache"

@@ -31,20 +31,12 @@ def worker_launch(spec: PDDeploymentSpec, role: str) -> Launch:
     pool = spec.prefill if role == ROLE_PREFILL else spec.decode
     if spec.engine == "sglang":
         return _sglang_worker(spec, role, pool.gpus, pool.args)
+    # POD_IP, POD_NAME and POD_NAMESPACE reach pdworker as environment defaults (pods.py).
+    command = ["pdworker", role, "--port", str(WORKER_PORT)]
+    if role == ROLE_PREFILL:
+        command += ["--bootstrap-port", str(spec.transfer.bootstrap_port)]
     return Launch(
-        command=[
-            "pdworker",
-            role,
-            "--host",
-            "$(POD_IP)",
-            "--port",
-            str(WORKER_PORT),
-            "--bootstrap-port",
-            str(spec.transfer.bootstrap_port),
-            "--pod",
-            "$(POD_NAME)",
-            *pool.args,
-        ],
+        command=[*command, *pool.args],
         env={ADMIN_TOKEN_FILE_ENV: f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}"},
     )
 
@@ -85,7 +77,7 @@ def router_launch(spec: PDDeploymentSpec, owner: Owner) -> Launch:
             "$(POD_IP)",
             "--port",
             str(WORKER_PORT),
-            "--discover",
+            "--discovery",
             "kubernetes",
             "--namespace",
             owner.namespace,
