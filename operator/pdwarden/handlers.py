@@ -27,6 +27,7 @@ class OperatorState:
     """Process-wide state kept in kopf's memo: the API client and one lock per object."""
 
     client: KubeClient
+    token_key: bytes | None = None
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     known: set[str] = field(default_factory=set)
 
@@ -41,7 +42,9 @@ async def reconcile_now(
     first_time = uid not in state.known
     async with state.lock_for(uid):
         try:
-            result = await reconcile(state.client, body, force_apply=force_apply or first_time)
+            result = await reconcile(
+                state.client, body, force_apply=force_apply or first_time, token_key=state.token_key
+            )
         except TransientError as e:
             raise kopf.TemporaryError(f"API server error, retrying: {e}", delay=RETRY_DELAY) from e
     state.known.add(uid)

@@ -20,6 +20,7 @@ from pdwarden.k8s import KubeClient
 @dataclass(frozen=True)
 class RunConfig:
     resync_seconds: float = 5.0
+    token_key: bytes | None = None
 
 
 def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
@@ -38,7 +39,9 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 30
-        memo.state = handlers.OperatorState(client=KubeClient.from_environment())
+        memo.state = handlers.OperatorState(
+            client=KubeClient.from_environment(), token_key=config.token_key
+        )
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:

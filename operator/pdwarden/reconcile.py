@@ -43,6 +43,7 @@ from pdwarden.k8s.events import post_event
 from pdwarden.observe import Observed, compute_status
 from pdwarden.render import Owner, names, render_deployment
 from pdwarden.render.deployment import admin_secret
+from pdwarden.tokens import derive_token
 
 log = logging.getLogger("pdwarden.reconcile")
 Obj = dict[str, Any]
@@ -63,6 +64,7 @@ class PassContext:
     generation: int | None
     previous: PDDeploymentStatus
     now: datetime
+    token_key: bytes | None = None
 
 
 @dataclass
@@ -133,7 +135,12 @@ class ConflictError(Exception):
     """A child object's name is taken by an object this PDDeployment does not own."""
 
 
-async def _ensure_secret(client: KubeClient, owner: Owner) -> None:
+async def _ensure_secret(client: KubeClient, owner: Owner, token_key: bytes | None) -> None:
+    """Create the admin-token Secret once. With a token key the operator never reads Secrets."""
+    if token_key is not None:
+        token = derive_token(token_key, owner.namespace, owner.name, owner.uid)
+        await client.create(admin_secret(owner, token))  # None (409) when it already exists
+        return
     name = names(owner.name).admin_secret
     if await client.get("v1", "Secret", owner.namespace, name) is None:
         await client.create(admin_secret(owner, secrets.token_urlsafe(32)))
@@ -167,14 +174,19 @@ async def _serve_new_decode_pods(client: KubeClient, observed: Observed) -> None
         )
 
 
-async def reconcile(client: KubeClient, body: Mapping[str, Any], force_apply: bool) -> PassResult:
+async def reconcile(
+    client: KubeClient,
+    body: Mapping[str, Any],
+    force_apply: bool,
+    token_key: bytes | None = None,
+) -> PassResult:
     """Run one pass. Raises TransientError when the API server failed us (retry later)."""
     started = time.monotonic()
     owner = owner_of(body)
     generation = body["metadata"].get("generation")
     previous = parse_status(_known_status(body.get("status")))
     now = datetime.now(UTC).replace(microsecond=0)
-    ctx = PassContext(client, body, owner, generation, previous, now)
+    ctx = PassContext(client, body, owner, generation, previous, now, token_key)
     try:
         spec = parse_spec(body.get("spec") or {})
     except InvalidSpec as e:
@@ -193,7 +205,7 @@ async def _reconcile_valid(
     ctx: PassContext, spec: PDDeploymentSpec, force_apply: bool
 ) -> PassResult:
     client, owner, previous = ctx.client, ctx.owner, ctx.previous
-    await _ensure_secret(client, owner)
+    await _ensure_secret(client, owner, ctx.token_key)
     desired = render_deployment(owner, spec)
     observed = await observe(client, owner)
     spec_changed = previous.observed_generation != ctx.generation

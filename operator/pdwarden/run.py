@@ -16,6 +16,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from pdwarden.main import RunConfig, build_registry
+from pdwarden.tokens import TokenKeyError, load_key
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,15 +56,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--resync-seconds", type=float, default=5.0,
         help="seconds between level-based passes over every PDDeployment (5)",
     )  # fmt: skip
+    parser.add_argument(
+        "--token-key-file", default=os.environ.get("PDWARDEN_TOKEN_KEY_FILE"),
+        help="key from which workers' admin tokens are derived; with it the operator never "
+        "reads Secrets (the Helm chart mounts one). Without it the operator reads each "
+        "deployment's admin Secret. Default: $PDWARDEN_TOKEN_KEY_FILE",
+    )  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.resync_seconds <= 0:
         raise SystemExit("pdwarden run: --resync-seconds must be positive")
+    try:
+        token_key = load_key(args.token_key_file) if args.token_key_file else None
+    except TokenKeyError as e:
+        raise SystemExit(f"pdwarden run: {e}") from None
     kopf.configure(verbose=args.verbose)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
-    registry = build_registry(RunConfig(resync_seconds=args.resync_seconds))
+    registry = build_registry(RunConfig(resync_seconds=args.resync_seconds, token_key=token_key))
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.host)
     liveness = f"http://{args.host}:{args.liveness_port}/healthz" if args.liveness_port else None
