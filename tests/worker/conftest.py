@@ -57,9 +57,14 @@ def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float
 
 
 def http(
-    method: str, url: str, body: Any = None, token: str | None = None, raw: bytes | None = None,
+    method: str,
+    url: str,
+    body: Any = None,
+    *,
+    token: str | None = None,
+    raw: bytes | None = None,
     timeout: float = 30,
-) -> tuple[int, Any]:  # fmt: skip
+) -> tuple[int, Any]:
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     req = urllib.request.Request(url, data=data, method=method)
     req.add_header("Content-Type", "application/json")

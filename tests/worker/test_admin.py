@@ -7,8 +7,8 @@ import threading
 from typing import Any
 
 import pytest
-from conftest import PD, TOKEN, http, metric, queues_idle, scrape, wait_for
 
+from conftest import PD, TOKEN, http, metric, queues_idle, scrape, wait_for
 from pdworker import contract as c
 
 pytestmark = pytest.mark.nixl
@@ -115,3 +115,18 @@ def test_decode_stall_wedges_decode_while_health_stays_green(pd: PD) -> None:
     assert metric(s, "pdworker_generated_tokens_total") == tokens
     assert http("GET", f"{decode.url}/healthz")[0] == 200
     assert not results and all(t.is_alive() for t in threads)
+
+
+def test_dropped_notifications_end_in_waiting_timeout_not_a_hang(pd: PD) -> None:
+    prefill, decode, router = pd.trio(
+        decode_extra=("--fault", "drop-notifications=1", "--waiting-timeout", "1")
+    )
+    status, body = http("POST", f"{router.url}/generate", {"input_ids": list(range(20))})
+    assert status >= 500 and body["reason"] == "waiting_timeout", body
+    for proc in (prefill, decode):
+        wait_for(lambda proc=proc: queues_idle(proc.url), 10, "idle")
+        assert pd.admin(proc, "GET", c.ADMIN_ROOMS_PATH)[1] == []
+        s = scrape(proc.url)
+        assert metric(s, "pdworker_kv_pages_free") == metric(s, "pdworker_kv_pages_total")
+    d = scrape(decode.url)
+    assert metric(d, "pdworker_requests_failed_total", reason="waiting_timeout") == 1

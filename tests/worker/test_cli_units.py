@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pdworker.discovery import parse_endpoints, ready_pod_urls
-from pdworker.faults import FaultSpecError, Faults, parse_faults
+from pdworker.faults import Faults, FaultSpecError, parse_faults
 from pdworker.model import KVPool, ModelConfig, TinyModel, kv_checksum
 from pdworker.server import BadRequest, FailSelector, parse_fail_body
 
@@ -87,7 +87,7 @@ def test_kubernetes_discovery_uses_ready_pods_only() -> None:
                 pod_ip="127.244.1.9",
                 conditions=[SimpleNamespace(type="Ready", status="True")],
             ),
-        ),  # fmt: skip
+        ),
     ]
     assert ready_pod_urls(pods, 8000) == ["http://127.244.1.5:8000", "http://127.244.1.9:8000"]
     assert parse_endpoints("127.0.0.1:1, http://a:2/") == ["http://127.0.0.1:1", "http://a:2"]

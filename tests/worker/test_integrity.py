@@ -1,11 +1,15 @@
-"""Integrity: requests through router -> prefill -> decode move exactly the KV the model computes."""
+"""Integrity: requests through router, prefill and decode move exactly the KV the model computes."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 import torch
-from conftest import PD, http, metric, queues_idle, scrape, wait_for
 
+from conftest import PD, http, metric, queues_idle, scrape, wait_for
 from pdworker.model import ModelConfig, TinyModel, kv_checksum
 
 pytestmark = pytest.mark.nixl
@@ -75,3 +79,13 @@ def test_bad_generate_bodies_are_4xx_with_a_reason(pd: PD) -> None:
             assert answer["error"]
         status, answer = http("POST", f"{url}/generate", raw=b"{not json")
         assert status == 400 and "JSON" in answer["error"]
+
+
+def test_sigterm_stops_every_process_cleanly(pd: PD) -> None:
+    prefill, decode, router = pd.trio()
+    assert http("POST", f"{router.url}/generate", {"input_ids": [1, 2, 3]})[0] == 200
+    for proc in (router, decode, prefill):
+        started = time.monotonic()
+        os.kill(proc.popen.pid, signal.SIGTERM)
+        assert proc.popen.wait(timeout=20) == 0, proc.log.read_text()[-2000:]
+        assert time.monotonic() - started < 15

@@ -8,6 +8,7 @@ import signal
 import time
 
 import pytest
+
 from conftest import PD, metric, queues_idle, scrape, wait_for
 
 pytestmark = pytest.mark.nixl

@@ -3,6 +3,8 @@ clear and late-write events always end with terminal rooms and a pool that does 
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
@@ -94,7 +96,7 @@ def test_rooms_end_terminal_and_pages_never_leak(events: list[tuple]) -> None:
             if entry.status == KVPoll.Failed:
                 assert entry.reason in FAILURE_REASONS
     for room, statuses in h.history.items():
-        for before, after in zip(statuses, statuses[1:], strict=False):
+        for before, after in pairwise(statuses):
             if before in TERMINAL:
                 assert after == before, f"room {room}: terminal {before!r} became {after!r}"
             elif after != KVPoll.Failed:

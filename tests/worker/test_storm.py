@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from conftest import PD, metric, queues_idle, scrape, wait_for
 
 pytestmark = [pytest.mark.nixl, pytest.mark.slow]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import socket
@@ -58,7 +57,8 @@ def _worker_flags(p: argparse.ArgumentParser, role: str) -> None:
             "--bootstrap-port",
             type=int,
             default=int(_env("PDWORKER_BOOTSTRAP_PORT", str(c.DEFAULT_BOOTSTRAP_PORT))),
-            help=f"bootstrap (handshake) port decode connects to (default: {c.DEFAULT_BOOTSTRAP_PORT})",
+            help="bootstrap (handshake) port decode connects to "
+            f"(default: $PDWORKER_BOOTSTRAP_PORT or {c.DEFAULT_BOOTSTRAP_PORT})",
         )
     p.add_argument(
         "--pod-name",
@@ -380,8 +380,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_summary(summary))
     if args.json:
         write_json(args.json, summary)
-    else:
-        print(json.dumps(summary, sort_keys=True), file=sys.stderr) if False else None
     return 0
 
 

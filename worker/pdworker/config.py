@@ -1,18 +1,51 @@
-"""Settings shared by the prefill and decode roles, built once from the command line."""
+"""Settings shared by the prefill and decode roles, built once from the command line.
+
+Torch-free on purpose: the router and the load generator import it and must start fast.
+"""
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pdworker.faults import Faults
-from pdworker.model import ModelConfig
 from pdworker.server import BadRequest
 
 MAX_PROMPT_TOKENS = 1 << 20
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    layers: int = 2
+    heads: int = 4
+    head_dim: int = 32
+    page_size: int = 16
+    vocab: int = 4096
+    seed: int = 0
+    dtype: str = "float32"
+
+    @property
+    def hidden(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def page_bytes(self) -> int:
+        elem = DTYPE_BYTES[self.dtype]
+        return self.layers * 2 * self.page_size * self.hidden * elem
+
+    def pages_for(self, tokens: int) -> int:
+        return max(1, math.ceil(tokens / self.page_size))
+
+    def layout(self) -> dict[str, Any]:
+        """What both sides must agree on before bytes can move (checked at handshake)."""
+        out = asdict(self)
+        out["page_bytes"] = self.page_bytes
+        return out
 
 
 @dataclass

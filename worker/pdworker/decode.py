@@ -26,7 +26,7 @@ from pdworker.contract import FAILURE_REASONS, KVPoll
 from pdworker.metrics import WorkerMetrics
 from pdworker.model import KVPool, TinyModel, kv_checksum
 from pdworker.rooms import Peer, RoomRejected, RoomTable
-from pdworker.server import BadRequest, FailSelector, error, parse_room, read_json
+from pdworker.server import BadRequest, FailSelector, error, parse_room, read_json, wait_until
 from pdworker.transfer import Transport
 
 log = logging.getLogger(__name__)
@@ -109,9 +109,9 @@ class DecodeWorker:
         now = mono()
         for room in self.table.select(now):
             self._fail(room, "aborted", "decode shutting down")
-        deadline = mono() + self.cfg.abort_ack_timeout
-        while self.work and mono() < deadline and self.unstalled.is_set():
-            await asyncio.sleep(0.01)
+        await wait_until(
+            lambda: not self.work or not self.unstalled.is_set(), self.cfg.abort_ack_timeout
+        )
         for task in self.tasks:
             task.cancel()
         if self.session is not None:
@@ -257,11 +257,11 @@ class DecodeWorker:
 
     # -- talking to prefill --------------------------------------------------------------
     async def _post(
-        self, address: str, path: str, body: dict[str, Any], timeout: float
+        self, address: str, path: str, body: dict[str, Any], limit_s: float
     ) -> tuple[int, Any]:
         assert self.session is not None
         async with self.session.post(
-            f"http://{address}{path}", json=body, timeout=aiohttp.ClientTimeout(total=timeout)
+            f"http://{address}{path}", json=body, timeout=aiohttp.ClientTimeout(total=limit_s)
         ) as resp:
             try:
                 data = await resp.json(content_type=None)
@@ -419,9 +419,9 @@ class DecodeWorker:
             return
         else:
             return
-        if work.n_chunks is not None and len(work.chunks) >= work.n_chunks:
-            if not work.done.done():
-                work.done.set_result(None)
+        complete = work.n_chunks is not None and len(work.chunks) >= work.n_chunks
+        if complete and not work.done.done():
+            work.done.set_result(None)
 
     async def _watchdog_loop(self) -> None:
         while True:

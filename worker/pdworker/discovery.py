@@ -58,9 +58,8 @@ def ready_pod_urls(pods: Iterable[Any], port: int) -> list[str]:
     """URLs of pods that are Running, not terminating, have an IP and a Ready=True condition."""
     urls = []
     for pod in pods:
-        if _get(pod, "metadata", "deletion_timestamp") or _get(
-            pod, "metadata", "deletionTimestamp"
-        ):
+        meta = _get(pod, "metadata")
+        if _get(meta, "deletion_timestamp") or _get(meta, "deletionTimestamp"):
             continue
         if _get(pod, "status", "phase") != "Running":
             continue
@@ -88,9 +87,9 @@ class KubernetesDiscovery:
         from kubernetes import client, config  # lazy: only this path needs the client
 
         try:
-            config.load_incluster_config()
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
         except config.ConfigException:
-            config.load_kube_config()
+            config.load_kube_config()  # type: ignore[no-untyped-call]
         self._api = client.CoreV1Api()
         self.namespace = namespace
         self.selectors = {"prefill": prefill_selector, "decode": decode_selector}

@@ -141,7 +141,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"requests {s['requests']} in {s['duration_s']}s ({s['requests_per_s']}/s): "
         f"completed {s['completed']}, cancelled {s['cancelled']}, timeouts {s['timeouts']}, "
         f"failed {s['failed_total']} ({failed})\n"
-        f"latency p50 {s['latency_s']['p50'] * 1000:.1f} ms, p99 {s['latency_s']['p99'] * 1000:.1f} ms; "
+        f"latency p50 {s['latency_s']['p50'] * 1000:.1f} ms, "
+        f"p99 {s['latency_s']['p99'] * 1000:.1f} ms; "
         f"generated tokens {s['generated_tokens']}; KV moved {s['kv_bytes']} bytes "
         f"({s['kv_gbytes_per_s']} GB/s)"
     )

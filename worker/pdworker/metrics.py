@@ -8,14 +8,28 @@ keeps in-process tests independent.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 
 from pdworker import contract as c
 from pdworker.pages import PagePool
 from pdworker.rooms import RoomTable
 
+disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created series are scrape noise
+
 TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+def _phase_count(table: RoomTable, phase: str) -> Callable[[], float]:
+    return lambda: float(table.count(phase))
 
 
 def _base(name: str) -> str:
@@ -45,7 +59,7 @@ class WorkerMetrics:
         for name, (text, phase) in gauges.items():
             gauge = Gauge(name, text, registry=reg)
             if table is not None:
-                gauge.set_function(lambda phase=phase: float(table.count(phase)))
+                gauge.set_function(_phase_count(table, phase))
         oldest = Gauge(
             c.PREFILL_INFLIGHT_OLDEST, "age of the oldest room in the inflight queue", registry=reg
         )

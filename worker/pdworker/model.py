@@ -10,43 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
 
 import torch
 
+from pdworker.config import ModelConfig
 from pdworker.pages import PagePool
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    layers: int = 2
-    heads: int = 4
-    head_dim: int = 32
-    page_size: int = 16
-    vocab: int = 4096
-    seed: int = 0
-    dtype: str = "float32"
-
-    @property
-    def hidden(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def page_bytes(self) -> int:
-        elem = torch.empty((), dtype=DTYPES[self.dtype]).element_size()
-        return self.layers * 2 * self.page_size * self.hidden * elem
-
-    def pages_for(self, tokens: int) -> int:
-        return max(1, math.ceil(tokens / self.page_size))
-
-    def layout(self) -> dict[str, Any]:
-        """What both sides must agree on before bytes can move (checked at handshake)."""
-        out = asdict(self)
-        out["page_bytes"] = self.page_bytes
-        return out
+__all__ = ["KVPool", "ModelConfig", "TinyModel", "kv_checksum", "pick_device"]
 
 
 def pick_device(requested: str = "auto") -> torch.device:

@@ -18,6 +18,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +30,7 @@ from pdworker.contract import KVPoll
 from pdworker.metrics import WorkerMetrics
 from pdworker.model import KVPool, TinyModel, kv_checksum
 from pdworker.rooms import Peer, RoomRejected, RoomTable
-from pdworker.server import BadRequest, FailSelector, error, parse_room, read_json
+from pdworker.server import BadRequest, FailSelector, error, parse_room, read_json, wait_until
 from pdworker.transfer import TransferError, Transport
 
 log = logging.getLogger(__name__)
@@ -128,9 +129,9 @@ class PrefillWorker:
         now = mono()
         for room in self.table.select(now):
             self.table.fail(room, "aborted", now, "prefill shutting down")
-        deadline = mono() + self.cfg.transfer_timeout
-        while mono() < deadline and any(w.writing for w in list(self.work.values())):
-            await asyncio.sleep(0.01)
+        await wait_until(
+            lambda: not any(w.writing for w in list(self.work.values())), self.cfg.transfer_timeout
+        )
         self._settle(mono())
         for shard in self.shards:
             shard.put(None)
@@ -184,9 +185,8 @@ class PrefillWorker:
         return web.json_response(result, status=200 if result["ok"] else 500)
 
     def abort(self, room: int, detail: str) -> None:
-        if not self.table.fail(room, "aborted", mono(), detail):
-            if self.table.get(room) is None:
-                self.table.tombstone(room, "aborted", detail)
+        if not self.table.fail(room, "aborted", mono(), detail) and self.table.get(room) is None:
+            self.table.tombstone(room, "aborted", detail)
 
     def _bind(self, room: int, binding: Binding) -> str | None:
         """Attach decode's destination pages to a room and start its forward pass."""
@@ -442,7 +442,9 @@ class PrefillWorker:
         app.router.add_post("/bootstrap/heartbeat", self._wrap(self._heartbeat))
         return app
 
-    def _wrap(self, handler: Any) -> Any:
+    def _wrap(
+        self, handler: Callable[[dict[str, Any]], Awaitable[web.StreamResponse]]
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def wrapped(request: web.Request) -> web.StreamResponse:
             try:
                 body = await read_json(request)
@@ -548,10 +550,10 @@ class PrefillWorker:
                 work.decode_aborted = True
         if not self.table.fail(room, "aborted", now, "aborted by decode") and work is None:
             self.table.tombstone(room, "aborted", "aborted by decode before prefill saw it")
-        deadline = mono() + self.cfg.transfer_timeout + 1
-        while work is not None and work.writing and mono() < deadline:
-            await asyncio.sleep(0.002)
-        drained = work is None or not work.writing
+        # Writes into decode's pages are counted by transfer threads; poll them with a deadline.
+        drained = work is None or await wait_until(
+            lambda: not work.writing, self.cfg.transfer_timeout + 1, interval=0.002
+        )
         return web.json_response({"acked": drained, "room": room})
 
     async def _heartbeat(self, body: dict[str, Any]) -> web.Response:

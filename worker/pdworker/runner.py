@@ -80,10 +80,10 @@ async def run_worker(cfg: WorkerConfig, nixl_backend: str = "UCX") -> None:
 
 
 async def run_router(
-    discovery: Discovery, host: str, port: int, incarnation: str, timeout: float
+    discovery: Discovery, host: str, port: int, incarnation: str, request_limit_s: float
 ) -> None:
     from pdworker.router import Router
 
-    router = Router(discovery, incarnation, request_timeout=timeout)
+    router = Router(discovery, incarnation, request_timeout=request_limit_s)
     await router.start()
     await serve_until_stopped([(router.app(), host, port)], asyncio.Event(), on_stop=router.stop)

@@ -93,6 +93,17 @@ def load_token(path: str | None) -> str | None:
     return token or None
 
 
+async def wait_until(cond: Callable[[], bool], seconds: float, interval: float = 0.01) -> bool:
+    """Poll a condition that other threads change, with a deadline; True if it came true."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while True:
+        if cond():
+            return True
+        if asyncio.get_running_loop().time() >= deadline:
+            return False
+        await asyncio.sleep(interval)
+
+
 def error(status: int, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": message, **extra}, status=status)
 

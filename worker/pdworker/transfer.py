@@ -10,9 +10,11 @@ geometry and this module builds the descriptors locally.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,7 @@ class NixlTransport:
         mem_type: str,
         backend: str = "UCX",
     ) -> None:
-        from nixl_cu12 import _bindings as bindings
+        bindings = importlib.import_module("nixl_cu12._bindings")
         from nixl_cu12._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
 
         logging.getLogger("NIXL").setLevel(logging.WARNING)
@@ -111,14 +113,9 @@ class NixlTransport:
             self._handles.pop(agent, None)
         if prepped is None:
             return
-        for step in (
-            lambda: self._agent.release_dlist_handle(prepped),
-            lambda: self._agent.remove_remote_agent(agent),
-        ):
-            try:
-                step()
-            except Exception as exc:  # a dead peer may refuse a clean goodbye
-                log.warning("removing peer %s: %s", agent, exc)
+        # A dead peer may refuse a clean goodbye; that must not stop the cleanup.
+        _quietly(f"releasing descriptors of {agent}", self._agent.release_dlist_handle, prepped)
+        _quietly(f"removing peer {agent}", self._agent.remove_remote_agent, agent)
 
     def write(
         self,
@@ -177,11 +174,12 @@ class NixlTransport:
     def close(self) -> None:
         for agent in list(self._remote):
             self.remove_peer(agent)
-        for step in (
-            lambda: self._agent.release_dlist_handle(self._local),
-            lambda: self._agent.deregister_memory(self._reg),
-        ):
-            try:
-                step()
-            except Exception as exc:
-                log.warning("closing the NIXL agent: %s", exc)
+        _quietly("releasing local descriptors", self._agent.release_dlist_handle, self._local)
+        _quietly("deregistering the KV pool", self._agent.deregister_memory, self._reg)
+
+
+def _quietly(what: str, call: Callable[[Any], object], arg: Any) -> None:
+    try:
+        call(arg)
+    except Exception as exc:
+        log.warning("%s: %s", what, exc)
