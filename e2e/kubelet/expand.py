@@ -42,14 +42,18 @@ def expand(text: str, env: Mapping[str, str]) -> str:
 
 
 def substitute_paths(text: str, mounts: Mapping[str, str]) -> str:
-    """Replace each container mountPath used as a path prefix by its host directory."""
-    for container_path in sorted(mounts, key=len, reverse=True):
-        host = mounts[container_path]
-        prefix = container_path.rstrip("/") or "/"
-        if prefix == "/":
-            continue
-        # A mount path counts when it is a whole path component: not preceded by a path
-        # character and followed by '/', end, or a non-path character.
-        pattern = re.compile(r"(?<![\w./-])" + re.escape(prefix) + r"(?=/|$|[^\w.-])")
-        text = pattern.sub(lambda _m: host, text)  # noqa: B023 - used at once
-    return text
+    """Replace each container mountPath used as a path prefix by its host directory.
+
+    One pass over the text with the longest mount path winning, so a replacement (a host path,
+    which may itself start with a mount path such as /tmp) is never rewritten again.
+    """
+    prefixes = sorted((p.rstrip("/") for p in mounts if p.rstrip("/")), key=len, reverse=True)
+    if not prefixes:
+        return text
+    hosts = {p.rstrip("/"): h for p, h in mounts.items() if p.rstrip("/")}
+    # A mount path counts when it is a whole path component: not preceded by a path character
+    # and followed by '/', end, or a non-path character.
+    pattern = re.compile(
+        r"(?<![\w./-])(" + "|".join(re.escape(p) for p in prefixes) + r")(?=/|$|[^\w.-])"
+    )
+    return pattern.sub(lambda m: hosts[m.group(1)], text)

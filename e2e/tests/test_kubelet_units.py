@@ -170,3 +170,12 @@ def test_kubelet_owned_env_is_never_rewritten_even_under_a_mount_path(tmp_path: 
     launch = build_launch(container, env, mounts, tmp_path, None, host_env=own)
     assert launch.env["KUBECONFIG"] == "/tmp/state/pod/kubeconfig"
     assert launch.env["CACHE"] == f"{tmp_path}/vol-tmp/cache"
+
+
+def test_a_replacement_is_never_rewritten_by_a_shorter_mount_path() -> None:
+    mounts = {
+        "/var/run/admin": "/tmp/state/pod/volumes/admin",
+        "/tmp": "/tmp/state/pod/volumes/tmp",
+    }
+    assert substitute_paths("/var/run/admin/token", mounts) == "/tmp/state/pod/volumes/admin/token"
+    assert substitute_paths("/tmp/x", mounts) == "/tmp/state/pod/volumes/tmp/x"

@@ -38,3 +38,16 @@ def set_condition(
 
 def condition_is(conditions: list[Condition], type_: ConditionType, value: str = "True") -> bool:
     return any(c.type == type_ and c.status == value for c in conditions)
+
+
+def phase_of(conditions: list[Condition], invalid: bool = False) -> str:
+    """One word for kubectl get, derived from the conditions (worst first)."""
+    if invalid:
+        return "Failed"
+    if condition_is(conditions, "Degraded"):
+        return "Degraded"
+    if condition_is(conditions, "Wedged"):
+        return "Wedged"
+    if condition_is(conditions, "Ready"):
+        return "Ready"
+    return "Progressing"

@@ -6,6 +6,7 @@ options it was given (resync period), and tests can build one without side effec
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from pdwarden.k8s import KubeClient
 class RunConfig:
     resync_seconds: float = 5.0
     token_key: bytes | None = None
+    global_dry_run: bool = False
 
 
 def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
@@ -40,14 +42,18 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 30
         memo.state = handlers.OperatorState(
-            client=KubeClient.from_environment(), token_key=config.token_key
+            client=KubeClient.from_environment(),
+            token_key=config.token_key,
+            global_dry_run=config.global_dry_run,
         )
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        # In a pod: the ServiceAccount token; elsewhere: KUBECONFIG (or ~/.kube/config).
-        info: kopf.ConnectionInfo | None = kopf.login_with_service_account(**kwargs)
-        return info or kopf.login_with_kubeconfig(**kwargs)
+        # The same credentials as KubeClient.from_environment: in a pod the ServiceAccount,
+        # elsewhere KUBECONFIG. Through the official client, because kopf's own kubeconfig
+        # reader ignores `tokenFile` (a pod's kubeconfig on the local kubelet, exec plugins).
+        info: kopf.ConnectionInfo | None = kopf.login_via_client(**kwargs)
+        return info
 
     @kopf.on.resume(*resource, registry=registry)
     @kopf.on.create(*resource, registry=registry)
@@ -58,6 +64,16 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
     @kopf.timer(*resource, interval=config.resync_seconds, registry=registry)
     async def resync(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await handlers.reconcile_now(memo.state, body, force_apply=False)
+
+    @kopf.daemon(*resource, registry=registry, cancellation_timeout=5.0, initial_delay=1.0)
+    async def remediation_loop(body: kopf.Body, memo: kopf.Memo, stopped: Any, **_: Any) -> None:
+        while not stopped:
+            interval = await handlers.remediation_cycle(memo.state, body)
+            await asyncio.sleep(interval)
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        await memo.state.workers.close()
 
     @kopf.on.delete(*resource, registry=registry, optional=True)
     async def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:

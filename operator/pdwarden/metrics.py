@@ -21,3 +21,26 @@ OBJECTS_APPLIED = Counter(
 )
 STATUS_WRITES = Counter("pdwarden_status_writes", "Status patches of PDDeployments.")
 MANAGED = Gauge("pdwarden_managed_deployments", "PDDeployments this operator reconciles.")
+
+REMEDIATIONS = Counter(
+    "pdwarden_remediations",
+    "Remediation actions by action and result (succeeded, failed, skipped, dry_run).",
+    ["action", "result"],
+)
+WEDGES_DETECTED = Counter(
+    "pdwarden_wedges_detected", "New wedge findings (a pod and rule first seen wedged).", ["reason"]
+)
+SCRAPE_ERRORS = Counter(
+    "pdwarden_scrape_errors", "Worker scrapes that failed or returned unusable metrics."
+)
+SCRAPES = Counter("pdwarden_scrapes", "Worker pods scraped (successfully or not).")
+SCRAPE_CYCLE_SECONDS = Histogram(
+    "pdwarden_scrape_cycle_seconds",
+    "Wall time of one scrape-detect-remediate cycle of one PDDeployment.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+TIME_TO_REMEDIATE = Histogram(
+    "pdwarden_time_to_remediate_seconds",
+    "Time wedged rooms had spent in the inflight queue when pdwarden failed them.",
+    buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
+)

@@ -16,7 +16,7 @@ from pdwarden.api import (
     PDDeploymentStatus,
     RoleStatus,
 )
-from pdwarden.conditions import set_condition
+from pdwarden.conditions import phase_of, set_condition
 from pdwarden.constants import CONDITION_SERVING, LABEL_ROLE, ROLE_DECODE, ROLE_PREFILL, ROLE_ROUTER
 
 Obj = dict[str, Any]
@@ -163,7 +163,7 @@ def compute_status(
         now=now,
         generation=generation,
     )
-    phase = "Degraded" if problems else ("Ready" if ready else "Progressing")
+    phase = phase_of(conditions)
     return previous.model_copy(
         update={
             "observed_generation": generation,

@@ -179,12 +179,14 @@ async def reconcile(
     body: Mapping[str, Any],
     force_apply: bool,
     token_key: bytes | None = None,
+    previous: PDDeploymentStatus | None = None,
 ) -> PassResult:
     """Run one pass. Raises TransientError when the API server failed us (retry later)."""
     started = time.monotonic()
     owner = owner_of(body)
     generation = body["metadata"].get("generation")
-    previous = parse_status(_known_status(body.get("status")))
+    if previous is None:
+        previous = status_from_body(body)
     now = datetime.now(UTC).replace(microsecond=0)
     ctx = PassContext(client, body, owner, generation, previous, now, token_key)
     try:
@@ -251,6 +253,10 @@ async def _reconcile_valid(
 
 def _degraded_message(status: PDDeploymentStatus) -> str:
     return next((c.message for c in status.conditions if c.type == "Degraded"), "")
+
+
+def status_from_body(body: Mapping[str, Any]) -> PDDeploymentStatus:
+    return parse_status(_known_status(body.get("status")))
 
 
 def _known_status(raw: Any) -> dict[str, Any]:

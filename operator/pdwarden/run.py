@@ -62,6 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "reads Secrets (the Helm chart mounts one). Without it the operator reads each "
         "deployment's admin Secret. Default: $PDWARDEN_TOKEN_KEY_FILE",
     )  # fmt: skip
+    parser.add_argument(
+        "--global-dry-run", action="store_true",
+        help="treat every PDDeployment in Enforce mode as DryRun: decide, record, never act",
+    )  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -74,7 +78,13 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"pdwarden run: {e}") from None
     kopf.configure(verbose=args.verbose)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
-    registry = build_registry(RunConfig(resync_seconds=args.resync_seconds, token_key=token_key))
+    registry = build_registry(
+        RunConfig(
+            resync_seconds=args.resync_seconds,
+            token_key=token_key,
+            global_dry_run=args.global_dry_run,
+        )
+    )
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.host)
     liveness = f"http://{args.host}:{args.liveness_port}/healthz" if args.liveness_port else None

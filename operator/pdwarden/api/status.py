@@ -90,6 +90,9 @@ class LedgerEntry(StatusModel):
     time: AwareDatetime = Field(description="When the action was decided.")
     action: LedgerAction = Field(description="What was done.")
     pod: str = Field(max_length=253, description="Pod acted on.")
+    peer: str | None = Field(
+        None, max_length=253, description="FailRooms: the decode pod the failed rooms waited on."
+    )
     rooms: int = Field(0, ge=0, description="Rooms failed by the action.")
     reason: str = Field("", max_length=MAX_MESSAGE, description="Why, in a sentence.")
     dry_run: bool = Field(False, description="True if the action was only recorded (DryRun).")
@@ -111,6 +114,9 @@ class RemediationStatus(StatusModel):
     )
     actions_last_hour: int = Field(0, ge=0, description="Actions counted by the circuit breaker.")
     suspended: bool = Field(False, description="True while the circuit breaker is open.")
+    breaker_reset_at: AwareDatetime | None = Field(
+        None, description="When the breaker was last reset; earlier actions no longer count."
+    )
     decode_budget: int = Field(0, ge=0, description="Decode pods remediation may hold now.")
 
 

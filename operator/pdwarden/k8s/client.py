@@ -173,6 +173,17 @@ class KubeClient:
             content_type="application/merge-patch+json",
         )
 
+    async def patch_metadata(
+        self, api_version: str, kind: str, namespace: str, name: str, metadata: Obj
+    ) -> Obj:
+        """Merge-patch labels/annotations (a None value removes a key)."""
+        return await self._call(
+            "PATCH",
+            resource_path(api_version, kind, namespace, name),
+            body={"metadata": metadata},
+            content_type="application/merge-patch+json",
+        )
+
     async def set_pod_condition(self, namespace: str, name: str, condition: Obj) -> Obj:
         """Add or replace one pod condition (strategic merge keys conditions by type)."""
         return await self._call(

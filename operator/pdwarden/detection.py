@@ -1,0 +1,196 @@
+"""Wedge detection: from recent samples and rooms of every worker pod to findings with evidence.
+
+Why pure: these rules decide when pdwarden touches a production deployment, so they are plain
+functions over recorded data, unit-tested on sample series. The rules:
+
+* InflightStuck: a prefill room has spent longer than wedgeAfterSeconds in the inflight queue
+  (prefill finished, transfer not). Time in that queue, never time since the request arrived:
+  a long prefill is legal. Rooms are attributed to the decode pod they wait on.
+* PeerIncarnationGone: a prefill room waits on a decode incarnation that no longer exists (the
+  pod restarted or vanished). Flagged at once: that peer will never answer.
+* InflightGaugeStuck: for engines without a rooms API (stock SGLang), the inflight gauge stayed
+  above zero for the whole window.
+* DecodeStalled: a decode pod held requests (prealloc, transfer or running queue) for the whole
+  window while its generated-token counter did not move (or its throughput stayed 0).
+
+A pod whose metrics are stale or missing is *unknown*: never healthy, never wedged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pdwarden.constants import ROLE_DECODE, ROLE_PREFILL
+from pdwarden.samples import RoomView, Sample
+
+Reason = Literal["InflightStuck", "PeerIncarnationGone", "InflightGaugeStuck", "DecodeStalled"]
+INFLIGHT_PHASE = "inflight"
+MAX_ROOMS_PER_FINDING = 256
+
+
+@dataclass(frozen=True)
+class PodView:
+    """Everything detection knows about one worker pod."""
+
+    name: str
+    role: str
+    uid: str
+    history: tuple[Sample, ...] = ()  # fresh samples, oldest first, newest last
+    rooms: tuple[RoomView, ...] | None = None  # pdworker prefill only
+    stale: bool = False
+    error: str | None = None
+
+    @property
+    def latest(self) -> Sample | None:
+        return self.history[-1] if self.history else None
+
+
+@dataclass(frozen=True)
+class Finding:
+    pod: str
+    role: str
+    reason: Reason
+    rooms: tuple[int, ...] = ()
+    room_count: int = 0
+    oldest_seconds: float = 0.0
+    peer: str | None = None
+    evidence: str = ""
+
+
+@dataclass(frozen=True)
+class Detection:
+    findings: tuple[Finding, ...] = ()
+    unknown: tuple[str, ...] = ()  # pods we could not judge, with why
+    stalled_decodes: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def wedged_rooms(self) -> int:
+        return sum(f.room_count for f in self.findings if f.role == ROLE_PREFILL)
+
+    def implicated_decodes(self) -> frozenset[str]:
+        peers = {f.peer for f in self.findings if f.peer and f.reason == "InflightStuck"}
+        return frozenset(peers) | self.stalled_decodes
+
+
+def _window(history: Sequence[Sample], seconds: float) -> Sequence[Sample] | None:
+    """The samples of the last `seconds`, or None if history does not yet span that long."""
+    if len(history) < 2 or history[-1].at - history[0].at < seconds:
+        return None
+    start = history[-1].at - seconds
+    first = max(i for i, s in enumerate(history) if s.at <= start)
+    return history[first:]
+
+
+def decode_stalled(history: Sequence[Sample], window_seconds: float) -> str | None:
+    """Evidence text if the decode pod made no progress with work queued, for the window."""
+    window = _window(history, window_seconds)
+    if window is None:
+        return None
+    if not all(_decode_work(s) > 0 for s in window):
+        return None
+    first, last = window[0], window[-1]
+    if first.generated_tokens is not None and last.generated_tokens is not None:
+        if last.generated_tokens > first.generated_tokens:
+            return None
+        progress = f"generated tokens flat at {last.generated_tokens:g}"
+    elif all(s.throughput is not None for s in window):
+        if any((s.throughput or 0) > 0 for s in window):
+            return None
+        progress = "generation throughput 0"
+    else:
+        return None
+    span = last.at - first.at
+    return (
+        f"prealloc queue {last.queue('prealloc_queue'):g}, transfer queue "
+        f"{last.queue('transfer_queue'):g}, running {last.queue('running'):g} for {span:.0f}s "
+        f"with {progress}"
+    )
+
+
+def _decode_work(s: Sample) -> float:
+    """Requests a decode pod holds: waiting for pages or handshake, for KV, or decoding."""
+    return s.queue("prealloc_queue") + s.queue("transfer_queue") + s.queue("running")
+
+
+def _prefill_findings(
+    pod: PodView, wedge_after: float, decode_incarnations: dict[str, str | None]
+) -> list[Finding]:
+    latest = pod.latest
+    assert latest is not None
+    if pod.rooms is None:
+        window = _window(pod.history, wedge_after)
+        if window is None or not all(s.queue("inflight_queue") > 0 for s in window):
+            return []
+        stuck = min(s.queue("inflight_queue") for s in window)
+        return [
+            Finding(
+                pod=pod.name, role=ROLE_PREFILL, reason="InflightGaugeStuck",
+                room_count=int(stuck), oldest_seconds=window[-1].at - window[0].at,
+                evidence=f"inflight queue >= {stuck:g} for {window[-1].at - window[0].at:.0f}s",
+            )
+        ]  # fmt: skip
+    gone: dict[str | None, list[RoomView]] = {}
+    stuck_by_peer: dict[str | None, list[RoomView]] = {}
+    for room in pod.rooms:
+        peer = room.peer_pod
+        if peer is not None and room.peer_incarnation and peer in decode_incarnations:
+            current = decode_incarnations[peer]
+            if current is not None and current != room.peer_incarnation:
+                gone.setdefault(peer, []).append(room)
+                continue
+        elif peer is not None and room.peer_incarnation and peer not in decode_incarnations:
+            gone.setdefault(peer, []).append(room)
+            continue
+        if room.phase == INFLIGHT_PHASE and room.phase_seconds > wedge_after:
+            stuck_by_peer.setdefault(peer, []).append(room)
+    findings = []
+    for reason, groups in (("PeerIncarnationGone", gone), ("InflightStuck", stuck_by_peer)):
+        for peer, rooms in sorted(groups.items(), key=lambda kv: str(kv[0])):
+            oldest = max(r.phase_seconds for r in rooms)
+            why = (
+                f"{len(rooms)} rooms wait on decode incarnation(s) that no longer exist"
+                if reason == "PeerIncarnationGone"
+                else f"{len(rooms)} rooms in the inflight queue longer than {wedge_after:g}s"
+            )
+            findings.append(
+                Finding(
+                    pod=pod.name, role=ROLE_PREFILL, reason=reason,  # type: ignore[arg-type]
+                    rooms=tuple(sorted(r.room for r in rooms))[:MAX_ROOMS_PER_FINDING],
+                    room_count=len(rooms), oldest_seconds=oldest, peer=peer,
+                    evidence=f"{why} (oldest {oldest:.1f}s); inflight gauge "
+                    f"{latest.queue('inflight_queue'):g}",
+                )
+            )  # fmt: skip
+    return findings
+
+
+def detect(pods: Sequence[PodView], wedge_after: float) -> Detection:
+    """Findings over every pod; pods without fresh data are listed as unknown."""
+    unknown = tuple(
+        sorted(
+            f"{p.name}: {p.error or 'no fresh metrics'}" for p in pods if p.stale or not p.latest
+        )
+    )
+    fresh = [p for p in pods if not p.stale and p.latest is not None]
+    decodes = [p for p in pods if p.role == ROLE_DECODE]
+    # Incarnation per decode pod name: None when unknown (stale), so nothing is judged gone.
+    incarnations: dict[str, str | None] = {
+        p.name: (p.latest.incarnation if (p.latest and not p.stale) else None) for p in decodes
+    }
+    findings: list[Finding] = []
+    stalled: set[str] = set()
+    for pod in fresh:
+        if pod.role == ROLE_PREFILL:
+            findings += _prefill_findings(pod, wedge_after, incarnations)
+        elif pod.role == ROLE_DECODE:
+            evidence = decode_stalled(pod.history, wedge_after)
+            if evidence:
+                stalled.add(pod.name)
+                findings.append(
+                    Finding(pod=pod.name, role=ROLE_DECODE, reason="DecodeStalled",
+                            room_count=int(_decode_work(pod.history[-1])),
+                            evidence=evidence)
+                )  # fmt: skip
+    return Detection(tuple(findings), unknown, frozenset(stalled))

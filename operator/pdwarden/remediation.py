@@ -1,0 +1,236 @@
+"""Remediation policy: findings + spec + ledger + pod states -> the actions to take now.
+
+Why pure: this is the part that can turn a wedge into an outage if it is wrong, so it is a
+function of plain data with no clock and no client, unit-tested case by case. The ladder:
+
+1. FailRooms: fail wedged rooms on the prefill side (they will never complete).
+2. CordonDecode: take a decode pod out of service (readiness gate False) when it is stalled, or
+   when wedged rooms point at it again after their rooms were already failed once (repeat).
+3. RestartDecode: delete a cordoned decode pod that still makes no progress restartAfterSeconds
+   after the cordon; its StatefulSet recreates it.
+4. UncordonDecode: put a cordoned pod back when its stall has cleared.
+
+Safety envelope: mode Off/DryRun/Enforce; at most maxUnavailableDecode decode pods cordoned or
+not ready, and never the last ready one; a cooldown per pod; a circuit breaker on actions per
+hour; never an action on, or attributed to, a pod whose metrics are stale.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pdwarden.api import LedgerEntry, RemediationSpec
+from pdwarden.detection import Detection
+
+ActionKind = Literal["FailRooms", "CordonDecode", "RestartDecode", "UncordonDecode"]
+HOUR = timedelta(hours=1)
+
+
+@dataclass(frozen=True)
+class DecodePod:
+    """A decode pod's serving state as the API server shows it."""
+
+    name: str
+    uid: str
+    ready: bool
+    cordoned_since: datetime | None = None  # serving condition False since (set by us)
+    terminating: bool = False
+    stale: bool = False
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: ActionKind
+    pod: str
+    reason: str
+    uid: str = ""
+    rooms: tuple[int, ...] = ()
+    room_count: int = 0
+    peer: str | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    actions: tuple[Action, ...] = ()
+    suspended: bool = False
+    budget: int = 0
+    held_back: tuple[str, ...] = ()  # decisions not taken, and why
+    dry_run: bool = False
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def decode_budget(spec: RemediationSpec, decode_replicas: int) -> int:
+    value = spec.max_unavailable_decode
+    if isinstance(value, str):
+        return math.floor(decode_replicas * int(value.rstrip("%")) / 100)
+    return int(value)
+
+
+def actions_in_last_hour(
+    history: Sequence[LedgerEntry], now: datetime, dry_run: bool, reset_at: datetime | None
+) -> int:
+    since = now - HOUR
+    if reset_at is not None and reset_at > since:
+        since = reset_at
+    return sum(
+        1
+        for e in history
+        if e.time > since
+        and e.dry_run == dry_run
+        and e.outcome != "Skipped"
+        and e.action != "UncordonDecode"
+    )
+
+
+def _last_action_on(history: Sequence[LedgerEntry], pod: str, dry_run: bool) -> LedgerEntry | None:
+    for entry in reversed(history):
+        if entry.pod == pod and entry.dry_run == dry_run and entry.outcome != "Failed":
+            return entry
+    return None
+
+
+def _virtual_cordon(history: Sequence[LedgerEntry], pod: str) -> datetime | None:
+    """In DryRun nothing is cordoned: the time of the recorded decision stands in for it."""
+    entry = _last_action_on(history, pod, dry_run=True)
+    return entry.time if entry and entry.action == "CordonDecode" else None
+
+
+def _failed_rooms_for(
+    history: Sequence[LedgerEntry], peer: str, since: datetime, dry_run: bool
+) -> bool:
+    return any(
+        e.action == "FailRooms" and e.peer == peer and e.time >= since and e.dry_run == dry_run
+        for e in history
+    )
+
+
+def _restarted_since(
+    history: Sequence[LedgerEntry], pod: str, since: datetime, dry_run: bool
+) -> bool:
+    last = _last_action_on(history, pod, dry_run)
+    return last is not None and last.action == "RestartDecode" and last.time >= since
+
+
+def plan(
+    spec: RemediationSpec,
+    detection: Detection,
+    decodes: Sequence[DecodePod],
+    history: Sequence[LedgerEntry],
+    now: datetime,
+    *,
+    decode_replicas: int,
+    breaker_reset_at: datetime | None = None,
+) -> Plan:
+    """Decide this round's actions. Nothing here performs them."""
+    dry_run = spec.mode == "DryRun"
+    budget = decode_budget(spec, decode_replicas)
+    if spec.mode == "Off":
+        return Plan(budget=budget)
+    used = actions_in_last_hour(history, now, dry_run, breaker_reset_at)
+    suspended = used >= spec.max_actions_per_hour
+    allowed = set(spec.actions)
+    actions: list[Action] = []
+    held: list[str] = []
+    by_name = {d.name: d for d in decodes}
+    cooldown = timedelta(seconds=spec.cooldown_seconds)
+
+    def cooling(pod: str) -> bool:
+        last = _last_action_on(history, pod, dry_run)
+        return last is not None and now - last.time < cooldown
+
+    def cordoned_since(d: DecodePod) -> datetime | None:
+        return _virtual_cordon(history, d.name) if dry_run else d.cordoned_since
+
+    def budget_left() -> int:
+        out = {d.name for d in decodes if cordoned_since(d) or not d.ready or d.terminating}
+        out |= {a.pod for a in actions if a.kind == "CordonDecode"}
+        return budget - len(out)
+
+    def serving_left() -> int:
+        cordoning = {a.pod for a in actions if a.kind == "CordonDecode"}
+        return sum(
+            1
+            for d in decodes
+            if d.ready and not cordoned_since(d) and not d.terminating and d.name not in cordoning
+        )
+
+    # 1. Fail wedged rooms on prefill.
+    repeat_window = now - timedelta(seconds=max(spec.restart_after_seconds, spec.cooldown_seconds))
+    repeat_offenders: set[str] = set()
+    for f in detection.findings:
+        if f.reason not in ("InflightStuck", "PeerIncarnationGone") or not f.rooms:
+            continue
+        if (
+            f.peer
+            and f.reason == "InflightStuck"
+            and _failed_rooms_for(history, f.peer, repeat_window, dry_run)
+        ):
+            repeat_offenders.add(f.peer)
+        if "FailRooms" not in allowed:
+            held.append(f"FailRooms on {f.pod}: not in spec.remediation.actions")
+        elif suspended:
+            held.append(f"FailRooms on {f.pod}: remediation suspended by the circuit breaker")
+        else:
+            actions.append(
+                Action("FailRooms", f.pod, f"{f.reason}: {f.evidence}", rooms=f.rooms,
+                       room_count=f.room_count, peer=f.peer)
+            )  # fmt: skip
+
+    # 2-4. Decode pods: cordon, restart, uncordon.
+    for name in sorted(by_name):
+        d = by_name[name]
+        if d.stale or d.terminating:
+            continue
+        stalled = name in detection.stalled_decodes
+        since = cordoned_since(d)
+        if since is None:
+            if not (stalled or name in repeat_offenders):
+                continue
+            why = (
+                "decode stalled"
+                if stalled
+                else "wedged rooms point at it again after their rooms were failed"
+            )
+            if "CordonDecode" not in allowed:
+                held.append(f"CordonDecode {name}: not in spec.remediation.actions")
+            elif suspended:
+                held.append(f"CordonDecode {name}: remediation suspended by the circuit breaker")
+            elif cooling(name):
+                held.append(f"CordonDecode {name}: in cooldown after the last action")
+            elif budget_left() <= 0:
+                held.append(
+                    f"CordonDecode {name}: budget of {budget} unavailable decode pods used up"
+                )
+            elif serving_left() <= 1:
+                held.append(f"CordonDecode {name}: it is the last serving decode pod")
+            else:
+                actions.append(Action("CordonDecode", name, why, uid=d.uid))
+            continue
+        if stalled:
+            waited = (now - since).total_seconds()
+            if waited < spec.restart_after_seconds:
+                continue
+            if "RestartDecode" not in allowed:
+                held.append(f"RestartDecode {name}: not in spec.remediation.actions")
+            elif suspended:
+                held.append(f"RestartDecode {name}: remediation suspended by the circuit breaker")
+            elif _restarted_since(history, name, since, dry_run):
+                continue  # already restarted during this cordon: wait for the new pod
+            else:
+                actions.append(
+                    Action("RestartDecode", name,
+                           f"cordoned {waited:.0f}s ago and still stalled", uid=d.uid)
+                )  # fmt: skip
+        elif name not in detection.implicated_decodes() and not dry_run:
+            actions.append(Action("UncordonDecode", name, "no longer stalled", uid=d.uid))
+    return Plan(
+        actions=tuple(actions),
+        suspended=suspended,
+        budget=budget,
+        held_back=tuple(held),
+        dry_run=dry_run,
+    )
