@@ -7,6 +7,7 @@ anything unparsable becomes a `ScrapeError`, never an exception that reaches a h
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -84,17 +85,24 @@ def parse_metrics(text: str, at: float) -> Sample:
                     incarnation = s.labels.get("incarnation") or incarnation
                     continue
                 if s.name == SGLANG_THROUGHPUT:
-                    values["throughput"] = values.get("throughput", 0.0) + float(s.value)
+                    values["throughput"] = values.get("throughput", 0.0) + _finite(s.name, s.value)
                     continue
                 target = PDWORKER_NAMES.get(s.name) or SGLANG_NAMES.get(s.name)
                 if target is not None:
-                    values[target] = values.get(target, 0.0) + float(s.value)
+                    values[target] = values.get(target, 0.0) + _finite(s.name, s.value)
     except (ValueError, TypeError, IndexError, KeyError) as e:
         raise ScrapeError(f"unparsable metrics: {e}") from None
     if not values and incarnation is None:
         raise ScrapeError("no pdworker or SGLang queue metrics in the answer")
     fields: dict[str, Any] = dict(values)
     return replace(Sample(at=at, incarnation=incarnation), **fields)
+
+
+def _finite(name: str, value: float) -> float:
+    # NaN never compares as stuck and +Inf overflows int(): neither is a queue length.
+    if not math.isfinite(value):
+        raise ScrapeError(f"{name} is not a finite number ({value})")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -119,16 +127,33 @@ def parse_rooms(data: Any) -> list[RoomView]:
             peer = item.get("peer") or {}
             rooms.append(
                 RoomView(
-                    room=int(item["room"]),
+                    room=_room_id(item["room"]),
                     phase=str(item["phase"]),
                     phase_seconds=float(item["phase_seconds"]),
-                    peer_pod=peer.get("pod"),
-                    peer_incarnation=peer.get("incarnation"),
+                    peer_pod=_optional_str(peer.get("pod")),
+                    peer_incarnation=_optional_str(peer.get("incarnation")),
                 )
             )
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+            if not math.isfinite(rooms[-1].phase_seconds):
+                raise ValueError(f"phase_seconds {rooms[-1].phase_seconds} is not finite")
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
         raise ScrapeError(f"malformed room in admin answer: {e!r}") from None
     return rooms
+
+
+def _room_id(value: Any) -> int:
+    # int() would turn 1.5 into room 1 (and then fail the wrong room) and True into 1.
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ValueError(f"room must be a non-negative integer, got {value!r}")
+
+
+def _optional_str(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise TypeError(f"expected a string, got {value!r}")
 
 
 def nonzero_queues(sample: Sample, fields: Iterable[str] = QUEUE_FIELDS) -> dict[str, float]:
