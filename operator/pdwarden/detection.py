@@ -92,7 +92,8 @@ def decode_stalled(history: Sequence[Sample], window_seconds: float) -> str | No
         return None
     first, last = window[0], window[-1]
     if first.generated_tokens is not None and last.generated_tokens is not None:
-        if last.generated_tokens > first.generated_tokens:
+        # Any movement is progress: a counter that dropped was reset by a new process.
+        if len({s.generated_tokens for s in window if s.generated_tokens is not None}) > 1:
             return None
         progress = f"generated tokens flat at {last.generated_tokens:g}"
     elif all(s.throughput is not None for s in window):
