@@ -228,3 +228,15 @@ def queues_idle(url: str) -> bool:
         "pdworker_decode_running_reqs",
     ]  # fmt: skip
     return all(metric(s, n) == 0 for n in names)
+
+
+def wait_clean(pd: PD, proc: Proc, timeout: float = 15) -> None:
+    """Queues at 0, no rooms (any phase) and every KV page free, all at once."""
+
+    def clean() -> bool:
+        s = scrape(proc.url)
+        status, rooms = pd.admin(proc, "GET", "/admin/rooms")
+        pages_free = metric(s, "pdworker_kv_pages_free") == metric(s, "pdworker_kv_pages_total")
+        return queues_idle(proc.url) and status == 200 and rooms == [] and pages_free
+
+    wait_for(clean, timeout, f"{proc.name} clean (queues 0, no rooms, pages free)")

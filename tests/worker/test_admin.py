@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from conftest import PD, TOKEN, http, metric, queues_idle, scrape, wait_for
+from conftest import PD, TOKEN, http, metric, scrape, wait_clean, wait_for
 from pdworker import contract as c
 
 pytestmark = pytest.mark.nixl
@@ -91,10 +91,7 @@ def test_failing_a_room_is_idempotent_and_frees_both_sides(pd: PD, side: str) ->
     assert results and results[0][0] >= 500, results
     assert results[0][1]["reason"] in ("admin", "aborted")
     for proc in (prefill, decode):
-        wait_for(lambda proc=proc: pd.admin(proc, "GET", c.ADMIN_ROOMS_PATH)[1] == [], 10, "freed")
-        wait_for(lambda proc=proc: queues_idle(proc.url), 10, "idle")
-        s = scrape(proc.url)
-        assert metric(s, "pdworker_kv_pages_free") == metric(s, "pdworker_kv_pages_total")
+        wait_clean(pd, proc)
     assert metric(scrape(target.url), "pdworker_requests_failed_total", reason="admin") == 1
 
 
@@ -124,9 +121,6 @@ def test_dropped_notifications_end_in_waiting_timeout_not_a_hang(pd: PD) -> None
     status, body = http("POST", f"{router.url}/generate", {"input_ids": list(range(20))})
     assert status >= 500 and body["reason"] == "waiting_timeout", body
     for proc in (prefill, decode):
-        wait_for(lambda proc=proc: queues_idle(proc.url), 10, "idle")
-        assert pd.admin(proc, "GET", c.ADMIN_ROOMS_PATH)[1] == []
-        s = scrape(proc.url)
-        assert metric(s, "pdworker_kv_pages_free") == metric(s, "pdworker_kv_pages_total")
+        wait_clean(pd, proc)
     d = scrape(decode.url)
     assert metric(d, "pdworker_requests_failed_total", reason="waiting_timeout") == 1

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from conftest import PD, http, metric, queues_idle, scrape, wait_for
+from conftest import PD, http, metric, scrape, wait_clean
 from pdworker.model import ModelConfig, TinyModel, kv_checksum
 
 pytestmark = pytest.mark.nixl
@@ -44,7 +44,8 @@ def test_200_requests_checksums_and_metrics_agree(pd: PD) -> None:
     assert summary["completed"] == 200, summary
     assert summary["failed_total"] == 0 and summary["cancelled"] == 0
 
-    wait_for(lambda: queues_idle(prefill.url) and queues_idle(decode.url), 10, "idle queues")
+    wait_clean(pd, prefill)
+    wait_clean(pd, decode)
     p, d, r = scrape(prefill.url), scrape(decode.url), scrape(router.url)
     direct = 4
     assert metric(d, "pdworker_requests_completed_total", role="decode") == 200 + direct

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import PD, metric, queues_idle, scrape, wait_for
+from conftest import PD, metric, scrape, wait_clean, wait_for
 
 pytestmark = pytest.mark.nixl
 PEER_TIMEOUT = 2.0  # conftest SMALL: --peer-timeout 2, heartbeats every 0.5 s
@@ -64,6 +64,6 @@ def test_kill_decode_mid_transfer_then_restart(pd: PD) -> None:
     summary = pd.load(router, "--clients", "4", "--requests", "20", "--prompt-len", "4:16",
                       "--output-len", "1:4")  # fmt: skip
     assert summary["completed"] == 20, summary
-    wait_for(lambda: queues_idle(prefill.url) and queues_idle(new.url), 15, "idle after restart")
-    wait_for(lambda: pd.admin(prefill, "GET", "/admin/rooms")[1] == [], 15, "no prefill rooms left")
+    wait_clean(pd, prefill)
+    wait_clean(pd, new)
     assert metric(scrape(new.url), "pdworker_kv_checksum_mismatch_total") == 0

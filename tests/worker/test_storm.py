@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import PD, metric, queues_idle, scrape, wait_for
+from conftest import PD, metric, queues_idle, scrape, wait_clean, wait_for
 
 pytestmark = [pytest.mark.nixl, pytest.mark.slow]
 REASONS = ("aborted", "bootstrap_timeout", "waiting_timeout", "inflight_timeout",
@@ -29,12 +29,8 @@ def failures(url: str) -> dict[str, float]:
 
 def assert_clean(pd: PD, *procs) -> None:
     for proc in procs:
-        wait_for(lambda proc=proc: queues_idle(proc.url), 15, f"{proc.name} queues at 0")
-        status, rooms = pd.admin(proc, "GET", "/admin/rooms")
-        assert status == 200 and rooms == [], rooms
-        s = scrape(proc.url)
-        assert metric(s, "pdworker_kv_pages_free") == metric(s, "pdworker_kv_pages_total")
-        assert metric(s, "pdworker_kv_checksum_mismatch_total") == 0
+        wait_clean(pd, proc)
+        assert metric(scrape(proc.url), "pdworker_kv_checksum_mismatch_total") == 0
 
 
 def test_abort_storm_leaves_nothing_behind(pd: PD) -> None:
