@@ -108,6 +108,15 @@ def _failed_rooms_for(
     )
 
 
+def _decided_fail_rooms(
+    history: Sequence[LedgerEntry], pod: str, peer: str | None, since: datetime
+) -> bool:
+    return any(
+        e.action == "FailRooms" and e.dry_run and (e.pod, e.peer) == (pod, peer) and e.time >= since
+        for e in history
+    )
+
+
 def _restarted_since(
     history: Sequence[LedgerEntry], pod: str, since: datetime, dry_run: bool
 ) -> bool:
@@ -138,6 +147,11 @@ def plan(
     by_name = {d.name: d for d in decodes}
     cooldown = timedelta(seconds=spec.cooldown_seconds)
 
+    def breaker_open() -> bool:
+        # Actions planned this round count too, so one round cannot overshoot the limit.
+        planned = sum(1 for a in actions if a.kind != "UncordonDecode")
+        return used + planned >= spec.max_actions_per_hour
+
     def cooling(pod: str) -> bool:
         last = _last_action_on(history, pod, dry_run)
         return last is not None and now - last.time < cooldown
@@ -161,9 +175,12 @@ def plan(
     # 1. Fail wedged rooms on prefill.
     repeat_window = now - timedelta(seconds=max(spec.restart_after_seconds, spec.cooldown_seconds))
     repeat_offenders: set[str] = set()
+    decided_since = now - timedelta(seconds=spec.wedge_after_seconds)
     for f in detection.findings:
         if f.reason not in ("InflightStuck", "PeerIncarnationGone") or not f.rooms:
             continue
+        if dry_run and _decided_fail_rooms(history, f.pod, f.peer, decided_since):
+            continue  # DryRun failed nothing: the same wedge is still there and was reported
         if (
             f.peer
             and f.reason == "InflightStuck"
@@ -172,7 +189,7 @@ def plan(
             repeat_offenders.add(f.peer)
         if "FailRooms" not in allowed:
             held.append(f"FailRooms on {f.pod}: not in spec.remediation.actions")
-        elif suspended:
+        elif breaker_open():
             held.append(f"FailRooms on {f.pod}: remediation suspended by the circuit breaker")
         else:
             actions.append(
@@ -197,7 +214,7 @@ def plan(
             )
             if "CordonDecode" not in allowed:
                 held.append(f"CordonDecode {name}: not in spec.remediation.actions")
-            elif suspended:
+            elif breaker_open():
                 held.append(f"CordonDecode {name}: remediation suspended by the circuit breaker")
             elif cooling(name):
                 held.append(f"CordonDecode {name}: in cooldown after the last action")
@@ -216,7 +233,7 @@ def plan(
                 continue
             if "RestartDecode" not in allowed:
                 held.append(f"RestartDecode {name}: not in spec.remediation.actions")
-            elif suspended:
+            elif breaker_open():
                 held.append(f"RestartDecode {name}: remediation suspended by the circuit breaker")
             elif _restarted_since(history, name, since, dry_run):
                 continue  # already restarted during this cordon: wait for the new pod
@@ -225,7 +242,7 @@ def plan(
                     Action("RestartDecode", name,
                            f"cordoned {waited:.0f}s ago and still stalled", uid=d.uid)
                 )  # fmt: skip
-        elif name not in detection.implicated_decodes() and not dry_run:
+        elif name not in detection.implicated_decodes() and not dry_run and not cooling(name):
             actions.append(Action("UncordonDecode", name, "no longer stalled", uid=d.uid))
     return Plan(
         actions=tuple(actions),
