@@ -30,6 +30,24 @@ def _print_crd(_: argparse.Namespace) -> int:
     return 0
 
 
+def _status(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
+    from pdwarden.k8s.fetch import FetchError, get_pddeployment
+    from pdwarden.status_view import format_status, status_json
+
+    try:
+        obj = get_pddeployment(args.name, args.namespace, args.kubeconfig)
+    except FetchError as e:
+        print(f"pdwarden status: {e}", file=sys.stderr)
+        return 1
+    if args.output == "json":
+        sys.stdout.write(status_json(obj))
+    else:
+        sys.stdout.write(format_status(obj, now=datetime.now(UTC)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pdwarden",
@@ -52,10 +70,21 @@ def build_parser() -> argparse.ArgumentParser:
     crd = sub.add_parser("crd", help="print the PDDeployment CustomResourceDefinition as YAML")
     crd.set_defaults(func=_print_crd)
 
-    status = sub.add_parser("status", help="show a PDDeployment's pools, wedges and actions")
+    status = sub.add_parser(
+        "status",
+        help="show a PDDeployment's pools, wedges and actions",
+        description=(
+            "Show a PDDeployment's pools, conditions, current wedges with their evidence, the "
+            "last remediation actions and the circuit breaker."
+        ),
+    )
     status.add_argument("name", help="PDDeployment name")
     status.add_argument("-n", "--namespace", default="default")
-    status.set_defaults(func=_not_built("pdwarden status", "the remediation issue"))
+    status.add_argument(
+        "--kubeconfig", default=None, help="kubeconfig file (default: KUBECONFIG, ~/.kube/config)"
+    )
+    status.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    status.set_defaults(func=_status)
 
     demo = sub.add_parser("demo", help="run the end-to-end wedge-and-repair demo")
     demo.set_defaults(func=_not_built("pdwarden demo", "the demo issue"))
