@@ -1,0 +1,268 @@
+"""`helm install` on a real control plane: the operator pod runs under its chart RBAC (not admin),
+reconciles the CPU example, can do exactly what it needs, rolls on upgrade, and uninstalls clean.
+
+The release watches one namespace so it never touches other tests' PDDeployments; a second,
+cluster-wide release is installed with an unschedulable operator only to check its RBAC.
+The tests share one release and run in file order.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from e2e.fixtures import Cluster
+
+from .chart_helpers import CHART, ROOT, Helm
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+INSTANCE = "app.kubernetes.io/instance"
+
+
+@dataclass
+class Release:
+    name: str
+    namespace: str  # where the operator runs
+    watched: str  # the one namespace it reconciles
+    cluster: Cluster
+    helm: Helm
+
+    @property
+    def sa(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.name}-pdwarden"
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        out = self.helm.run(*args, "-n", self.namespace, env=self.cluster.env, timeout=180)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out
+
+    def operator_pods(self) -> list[dict[str, Any]]:
+        out = self.cluster.kubectl(
+            "get", "pods", "-n", self.namespace, "-l", f"{INSTANCE}={self.name}", "-o", "json"
+        )
+        pods: list[dict[str, Any]] = json.loads(out.stdout)["items"]
+        return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+    def can_i(self, verb: str, resource: str, namespace: str | None = None) -> bool:
+        where = ["-n", namespace] if namespace else ["--all-namespaces"]
+        resource, _, sub = resource.partition("/")
+        if sub:
+            where.append(f"--subresource={sub}")
+        out = self.cluster.kubectl(
+            "auth", "can-i", verb, resource, f"--as={self.sa}", *where, check=False
+        )
+        assert out.stdout.strip() in ("yes", "no"), out.stdout + out.stderr
+        return out.stdout.strip() == "yes"
+
+
+@pytest.fixture(scope="module")
+def release(cluster: Cluster, crd: str, helm: Helm) -> Iterator[Release]:
+    suffix = uuid.uuid4().hex[:6]
+    rel = Release(f"pdw{suffix}", f"op-{suffix}", f"ws-{suffix}", cluster, helm)
+    for ns in (rel.namespace, rel.watched):
+        cluster.kubectl("create", "namespace", ns)
+    rel.run(
+        "install", rel.name, str(CHART), "--wait", "--timeout=120s",
+        "--set", f"watchNamespaces={{{rel.watched}}},image.tag=dev,resyncSeconds=2",
+    )  # fmt: skip
+    yield rel
+    rel.helm.run("uninstall", rel.name, "-n", rel.namespace, env=cluster.env)
+    # Without an operator the finalizer would hold the PDDeployment (and the namespace) forever.
+    for pdd in ("pd",):
+        cluster.kubectl(
+            "patch", "pdd", pdd, "-n", rel.watched, "--type=merge",
+            "-p", '{"metadata":{"finalizers":null}}', check=False,
+        )  # fmt: skip
+    for ns in (rel.namespace, rel.watched):
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def pod_kubeconfig(cluster: Cluster, pod: dict[str, Any]) -> Path | None:
+    """The kubeconfig the local kubelet gave the pod (None on another cluster)."""
+    if cluster.local is None:
+        return None
+    meta = pod["metadata"]
+    found = list(
+        cluster.local.directory.glob(
+            f"kubelet/pods/{meta['namespace']}/{meta['name']}/{meta['uid']}/kubeconfig"
+        )
+    )
+    return found[0] if found else None
+
+
+def test_operator_runs_as_its_service_account_and_reconciles_the_cpu_example(
+    release: Release, cluster: Cluster
+) -> None:
+    (pod,) = release.operator_pods()
+    assert pod["spec"]["serviceAccountName"] == f"{release.name}-pdwarden"
+    kubeconfig = pod_kubeconfig(cluster, pod)
+    if kubeconfig is not None:  # the identity the operator process really uses
+        who = cluster.kubectl(f"--kubeconfig={kubeconfig}", "auth", "whoami", "-o", "json")
+        assert json.loads(who.stdout)["status"]["userInfo"]["username"] == release.sa
+
+    doc = yaml.safe_load((ROOT / "manifests" / "examples" / "minimal-cpu.yaml").read_text())
+    doc["metadata"]["name"] = "pd"
+    cluster.kubectl("apply", "-n", release.watched, "-f", "-", input=json.dumps(doc))
+
+    def ready() -> Any:
+        out = cluster.kubectl("get", "pdd", "pd", "-n", release.watched, "-o", "json")
+        status = json.loads(out.stdout).get("status") or {}
+        return status.get("phase") == "Ready" and status
+
+    status = cluster.wait_until("PDDeployment pd Ready under the chart's RBAC", ready, 180)
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "False", degraded  # no ApplyFailed: nothing was forbidden
+    # The admin Secret was created (create-only RBAC) and nothing else in the namespace is ours.
+    secrets = cluster.kubectl("get", "secrets", "-n", release.watched, "-o", "name").stdout
+    assert "secret/pd-admin" in secrets.split()
+
+
+ALLOWED = [
+    ("list", "pddeployments.pdwarden.dev"),
+    ("watch", "pddeployments.pdwarden.dev"),
+    ("patch", "pddeployments.pdwarden.dev"),
+    ("patch", "pddeployments.pdwarden.dev/status"),
+    ("create", "statefulsets.apps"),
+    ("patch", "statefulsets.apps"),
+    ("list", "deployments.apps"),
+    ("patch", "deployments.apps"),
+    ("create", "services"),
+    ("patch", "serviceaccounts"),
+    ("create", "roles.rbac.authorization.k8s.io"),
+    ("patch", "rolebindings.rbac.authorization.k8s.io"),
+    ("create", "poddisruptionbudgets.policy"),
+    ("create", "secrets"),
+    ("list", "pods"),
+    ("watch", "pods"),
+    ("delete", "pods"),
+    ("patch", "pods/status"),
+    ("create", "events"),
+]
+DENIED_IN_WATCHED = [
+    ("get", "secrets"),
+    ("list", "secrets"),
+    ("watch", "secrets"),
+    ("patch", "secrets"),
+    ("create", "pods/exec"),
+    ("create", "pods"),
+    ("delete", "pddeployments.pdwarden.dev"),
+    ("delete", "statefulsets.apps"),
+    ("delete", "roles.rbac.authorization.k8s.io"),
+    ("bind", "roles.rbac.authorization.k8s.io"),
+    ("escalate", "roles.rbac.authorization.k8s.io"),
+    ("get", "configmaps"),
+    ("create", "leases.coordination.k8s.io"),
+]
+DENIED_CLUSTER_WIDE = [
+    ("get", "secrets"),
+    ("list", "secrets"),
+    ("list", "nodes"),
+    ("patch", "nodes"),
+    ("create", "clusterroles.rbac.authorization.k8s.io"),
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+    ("delete", "namespaces"),
+    ("create", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("create", "pods/exec"),
+]
+
+
+def test_service_account_can_do_what_it_needs_and_nothing_else(release: Release) -> None:
+    ns, other = release.watched, release.namespace
+    refused = [f"{v} {r}" for v, r in ALLOWED if not release.can_i(v, r, ns)]
+    assert not refused, f"the operator needs but lacks in {ns}: {refused}"
+    granted = [f"{v} {r}" for v, r in DENIED_IN_WATCHED if release.can_i(v, r, ns)]
+    assert not granted, f"the operator holds more than it needs in {ns}: {granted}"
+    granted = [f"{v} {r}" for v, r in DENIED_CLUSTER_WIDE if release.can_i(v, r)]
+    assert not granted, f"the operator holds cluster-wide: {granted}"
+    # Namespaced mode grants nothing outside the watched namespace (except CRD discovery).
+    granted = [f"{v} {r}" for v, r in ALLOWED if release.can_i(v, r, other)]
+    assert not granted, f"outside its watched namespace: {granted}"
+    assert release.can_i("watch", "customresourcedefinitions.apiextensions.k8s.io")
+
+
+def test_cluster_wide_release_rbac(release: Release, cluster: Cluster, helm: Helm) -> None:
+    # Only its RBAC is under test: the operator pod is unschedulable and never runs.
+    wide = Release(f"{release.name}w", release.namespace, "", cluster, helm)
+    wide.run(
+        "install", wide.name, str(CHART),
+        "--set-string", "nodeSelector.pdwarden\\.dev/no-such-node=true",
+        "--set", "metrics.service.enabled=false",
+    )  # fmt: skip
+    try:
+        for ns in (release.watched, "default"):
+            refused = [f"{v} {r}" for v, r in ALLOWED if not wide.can_i(v, r, ns)]
+            assert not refused, f"cluster-wide operator lacks in {ns}: {refused}"
+            granted = [f"{v} {r}" for v, r in DENIED_IN_WATCHED if wide.can_i(v, r, ns)]
+            assert not granted, f"cluster-wide operator holds in {ns}: {granted}"
+        granted = [f"{v} {r}" for v, r in DENIED_CLUSTER_WIDE if wide.can_i(v, r)]
+        assert not granted, f"cluster-wide operator holds: {granted}"
+        assert wide.can_i("list", "pods") and wide.can_i("create", "secrets")
+    finally:
+        wide.run("uninstall", wide.name, "--wait")
+
+
+def test_upgrade_with_changed_values_rolls_the_operator(release: Release, cluster: Cluster) -> None:
+    (before,) = release.operator_pods()
+
+    def key() -> str:
+        out = cluster.kubectl(
+            "get", "secret", f"{release.name}-pdwarden-token-key", "-n", release.namespace,
+            "-o", "jsonpath={.data.key}",
+        )  # fmt: skip
+        return out.stdout
+
+    key_before = key()
+    release.run(
+        "upgrade", release.name, str(CHART), "--reuse-values", "--wait", "--timeout=120s",
+        "--set", "resyncSeconds=3",
+    )  # fmt: skip
+    pods = cluster.wait_until(
+        "one new operator pod",
+        lambda: (
+            [p for p in release.operator_pods() if p["status"].get("phase") == "Running"]
+            if len(release.operator_pods()) == 1
+            else None
+        ),
+        60,
+    )
+    (after,) = pods
+    assert after["metadata"]["uid"] != before["metadata"]["uid"]
+    assert "--resync-seconds=3" in after["spec"]["containers"][0]["args"]
+    assert key() == key_before  # the token key survives upgrades (lookup)
+
+
+def test_uninstall_leaves_no_operator_objects_but_keeps_crd_and_pddeployments(
+    release: Release, cluster: Cluster
+) -> None:
+    release.run("uninstall", release.name, "--wait", "--timeout=120s")
+    sel = f"{INSTANCE}={release.name}"
+    for ns in (release.namespace, release.watched):
+        left = cluster.kubectl(
+            "get", "deploy,pods,svc,sa,secrets,roles,rolebindings,networkpolicies",
+            "-n", ns, "-l", sel, "-o", "name",
+        ).stdout.split()  # fmt: skip
+        assert not [o for o in left if "pod/" not in o], left
+        cluster.wait_until(
+            f"operator pods gone from {ns}",
+            lambda ns=ns: (
+                not cluster.kubectl("get", "pods", "-n", ns, "-l", sel, "-o", "name").stdout.strip()
+                or None
+            ),
+            60,
+        )
+    left = cluster.kubectl("get", "clusterroles,clusterrolebindings", "-l", sel, "-o", "name")
+    assert not left.stdout.strip()
+    # Helm never deletes crds/: the CRD and the user's PDDeployment (and its pools) remain.
+    cluster.kubectl("get", "crd", "pddeployments.pdwarden.dev")
+    pdd = json.loads(
+        cluster.kubectl("get", "pdd", "pd", "-n", release.watched, "-o", "json").stdout
+    )
+    assert pdd["metadata"]["finalizers"] == ["pdwarden.dev/finalizer"]
+    cluster.kubectl("get", "statefulset", "pd-decode", "-n", release.watched)
