@@ -29,7 +29,7 @@ TOKEN = "test-admin-token"
 SMALL = [
     "--layers", "2", "--heads", "2", "--head-dim", "16", "--page-size", "4",
     "--vocab", "1024", "--kv-pages", "1024", "--chunk-pages", "2", "--transfer-threads", "2",
-    "--heartbeat-interval", "0.5", "--heartbeat-failures", "2", "--peer-timeout", "2",
+    "--heartbeat-interval", "0.5", "--heartbeat-failures", "3", "--peer-timeout", "3",
     "--bootstrap-timeout", "5", "--waiting-timeout", "8", "--inflight-timeout", "8",
     "--transfer-timeout", "3", "--abort-ack-timeout", "3",
 ]  # fmt: skip

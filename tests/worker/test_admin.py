@@ -104,13 +104,15 @@ def test_decode_stall_wedges_decode_while_health_stays_green(pd: PD) -> None:
     results: list = []
     threads = [_slow_request(router.url, results) for _ in range(3)]
     wait_for(
-        lambda: metric(scrape(decode.url), "pdworker_decode_prealloc_queue_reqs") == 3,
+        lambda: metric(scrape(decode.url), "pdworker_decode_transfer_queue_reqs") == 3,
         10, "requests parked on the stalled decode",
     )  # fmt: skip
     s = scrape(decode.url)
     assert metric(s, "pdworker_decode_running_reqs") == 0
     assert metric(s, "pdworker_generated_tokens_total") == tokens
     assert http("GET", f"{decode.url}/healthz")[0] == 200
+    # Prefill finished its side (one-sided WRITEs), so only decode holds the stuck rooms.
+    wait_for(lambda: pd.admin(prefill, "GET", c.ADMIN_ROOMS_PATH)[1] == [], 10, "prefill done")
     assert not results and all(t.is_alive() for t in threads)
 
 

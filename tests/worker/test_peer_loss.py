@@ -12,7 +12,7 @@ import pytest
 from conftest import PD, metric, scrape, wait_clean, wait_for
 
 pytestmark = pytest.mark.nixl
-PEER_TIMEOUT = 2.0  # conftest SMALL: --peer-timeout 2, heartbeats every 0.5 s
+PEER_TIMEOUT = 3.0  # conftest SMALL: --peer-timeout 3, heartbeats every 0.5 s
 
 
 def test_kill_decode_mid_transfer_then_restart(pd: PD) -> None:

@@ -23,7 +23,9 @@ from pdworker.faults import FaultSpecError, parse_faults
 EPILOG = (
     "Environment defaults: POD_IP (--host), POD_NAME (--pod-name), POD_NAMESPACE (--namespace), "
     f"PDWORKER_PORT (--port), PDWORKER_BOOTSTRAP_PORT (--bootstrap-port), {c.ADMIN_TOKEN_FILE_ENV} "
-    f"(--admin-token-file), {c.FAULTS_ENV} (--fault, comma separated), PDWORKER_LOG_LEVEL."
+    f"(--admin-token-file), {c.FAULTS_ENV} (--fault, comma separated), PDWORKER_LOG_LEVEL. "
+    "Workers bound to a loopback --host set UCX_NET_DEVICES=lo unless it is already set, so "
+    "NIXL/UCX listens on loopback only."
 )
 
 

@@ -183,7 +183,8 @@ class DecodeWorker:
         return {"ok": False, "room": room, "reason": reason, "error": entry.detail if entry else ""}
 
     async def _serve(self, room: int, work: DecodeWork) -> dict[str, Any]:
-        await self.unstalled.wait()
+        # decode-stall does not block admission: rooms register with prefill, the KV lands, and
+        # then nothing consumes it, so they pile up in the transfer queue (the wedge signature).
         try:
             link = await self._ensure_link(work.link)
         except PeerError as exc:

@@ -8,7 +8,9 @@ pool, then the role, then the HTTP servers.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
+import os
 from typing import Any
 
 from aiohttp import web
@@ -27,6 +29,9 @@ async def run_worker(cfg: WorkerConfig, nixl_backend: str = "UCX") -> None:
     from pdworker.prefill import PrefillWorker
     from pdworker.transfer import NixlTransport
 
+    if "UCX_NET_DEVICES" not in os.environ and _is_loopback(cfg.host):
+        # UCX otherwise also listens on every other interface; a loopback pod stays on loopback.
+        os.environ["UCX_NET_DEVICES"] = "lo"
     device = pick_device(cfg.device)
     model = TinyModel(cfg.model, device)
     pool = KVPool(cfg.model, cfg.kv_pages, device)
@@ -77,6 +82,13 @@ async def run_worker(cfg: WorkerConfig, nixl_backend: str = "UCX") -> None:
     if cfg.role == "prefill":
         sites.append((worker.bootstrap_app(), cfg.host, cfg.bootstrap_port))
     await serve_until_stopped(sites, asyncio.Event(), on_stop=worker.stop)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 async def run_router(
