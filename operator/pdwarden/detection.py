@@ -64,6 +64,9 @@ class Detection:
     findings: tuple[Finding, ...] = ()
     unknown: tuple[str, ...] = ()  # pods we could not judge, with why
     stalled_decodes: frozenset[str] = field(default_factory=frozenset)
+    # Decode pods with a full window of fresh samples and no stall: positive evidence of health,
+    # which is what an uncordon needs (no evidence at all, e.g. after an operator restart, is not).
+    healthy_decodes: frozenset[str] = field(default_factory=frozenset)
 
     @property
     def wedged_rooms(self) -> int:
@@ -182,11 +185,14 @@ def detect(pods: Sequence[PodView], wedge_after: float) -> Detection:
     }
     findings: list[Finding] = []
     stalled: set[str] = set()
+    healthy: set[str] = set()
     for pod in fresh:
         if pod.role == ROLE_PREFILL:
             findings += _prefill_findings(pod, wedge_after, incarnations)
         elif pod.role == ROLE_DECODE:
             evidence = decode_stalled(pod.history, wedge_after)
+            if not evidence and _window(pod.history, wedge_after) is not None:
+                healthy.add(pod.name)
             if evidence:
                 stalled.add(pod.name)
                 findings.append(
@@ -194,4 +200,4 @@ def detect(pods: Sequence[PodView], wedge_after: float) -> Detection:
                             room_count=int(_decode_work(pod.history[-1])),
                             evidence=evidence)
                 )  # fmt: skip
-    return Detection(tuple(findings), unknown, frozenset(stalled))
+    return Detection(tuple(findings), unknown, frozenset(stalled), frozenset(healthy))

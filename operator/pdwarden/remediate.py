@@ -278,12 +278,15 @@ class Remediator:
         by_pod = {t.pod: t for t in targets}
         for action in decision.actions:
             outcome: Literal["Succeeded", "Failed", "Skipped"] = "Succeeded"
-            detail = ""
+            detail, rooms = "", action.room_count
             if decision.dry_run:
                 result = "dry_run"
             else:
                 try:
-                    detail = await self._perform(owner, action, by_pod.get(action.pod), token, now)
+                    detail, done = await self._perform(
+                        owner, action, by_pod.get(action.pod), token, now
+                    )
+                    rooms = done if done is not None else rooms
                     result = "skipped" if detail.startswith("skipped") else "succeeded"
                     outcome = "Skipped" if result == "skipped" else "Succeeded"
                 except (ApiError, ScrapeError, OSError, TimeoutError) as e:
@@ -292,7 +295,7 @@ class Remediator:
             reason = action.reason + (f"; {detail}" if detail else "")
             entry = LedgerEntry(
                 time=now, action=action.kind, pod=action.pod, peer=action.peer,
-                rooms=action.room_count, reason=reason[:1024],
+                rooms=rooms, reason=reason[:1024],
                 dry_run=decision.dry_run, outcome=outcome,
             )  # fmt: skip
             entries.append(entry)
@@ -311,13 +314,15 @@ class Remediator:
 
     async def _perform(
         self, owner: Owner, action: Action, target: Target | None, token: str | None, now: datetime
-    ) -> str:
+    ) -> tuple[str, int | None]:
+        """Carry out one action; returns a detail for the ledger and, for FailRooms, how many
+        rooms the worker really failed (rooms that finished meanwhile are not counted)."""
         ns = owner.namespace
         if action.kind == "FailRooms":
             if target is None or not target.rooms:
-                return "skipped: this engine has no admin API to fail rooms by id"
+                return "skipped: this engine has no admin API to fail rooms by id", 0
             failed = await self.workers.fail_rooms(target, action.rooms, token)
-            return f"worker failed {failed} of {len(action.rooms)} rooms"
+            return f"worker failed {failed} of {len(action.rooms)} rooms", failed
         if action.kind in ("CordonDecode", "UncordonDecode"):
             cordon = action.kind == "CordonDecode"
             await self.client.set_pod_condition(
@@ -326,10 +331,10 @@ class Remediator:
                  "reason": CORDON_REASON if cordon else "Uncordoned",
                  "message": f"pdwarden: {action.reason}", "lastTransitionTime": _iso(now)},
             )  # fmt: skip
-            return ""
+            return "", None
         if action.kind == "RestartDecode":
             deleted = await self.client.delete_pod(ns, action.pod, action.uid)
-            return "" if deleted else "skipped: the pod was already gone or replaced"
+            return ("" if deleted else "skipped: the pod was already gone or replaced"), None
         raise ValueError(f"unknown action {action.kind}")
 
     async def _announce_new_wedges(

@@ -242,8 +242,13 @@ def plan(
                     Action("RestartDecode", name,
                            f"cordoned {waited:.0f}s ago and still stalled", uid=d.uid)
                 )  # fmt: skip
-        elif name not in detection.implicated_decodes() and not dry_run and not cooling(name):
-            actions.append(Action("UncordonDecode", name, "no longer stalled", uid=d.uid))
+        elif (
+            name in detection.healthy_decodes
+            and name not in detection.implicated_decodes()
+            and not dry_run
+            and not cooling(name)
+        ):
+            actions.append(Action("UncordonDecode", name, "healthy for a full window", uid=d.uid))
     return Plan(
         actions=tuple(actions),
         suspended=suspended,

@@ -3,70 +3,25 @@
 from __future__ import annotations
 
 import json
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from e2e.fixtures import Cluster, OperatorProcess
+from e2e.pdtools import (
+    CHILDREN,
+    CHILDREN_KINDS,
+    apply,
+    condition,
+    cpu_example,
+    generate,
+    get_json,
+    status,
+    wait_ready,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
-CHILDREN_KINDS = [
-    "StatefulSet", "Deployment", "Service", "Secret", "PodDisruptionBudget",
-    "ServiceAccount", "Role", "RoleBinding",
-]  # fmt: skip
-CHILDREN = ",".join(k.lower() for k in CHILDREN_KINDS)
-
-
-def cpu_example(name: str = "pd") -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load(
-        (ROOT / "manifests" / "examples" / "minimal-cpu.yaml").read_text()
-    )
-    doc["metadata"]["name"] = name
-    return doc
-
-
-def apply(cluster: Cluster, ns: str, doc: dict[str, Any]) -> None:
-    cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(doc))
-
-
-def get_json(cluster: Cluster, ns: str, *what: str) -> Any:
-    out = cluster.kubectl("get", "-n", ns, *what, "-o", "json", check=False)
-    return json.loads(out.stdout) if out.returncode == 0 else None
-
-
-def status(cluster: Cluster, ns: str, name: str = "pd") -> dict[str, Any]:
-    obj = get_json(cluster, ns, "pdd", name) or {}
-    st: dict[str, Any] = obj.get("status") or {}
-    return st
-
-
-def condition(st: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in st.get("conditions", []) if c["type"] == type_), {})
-
-
-def wait_ready(cluster: Cluster, ns: str, counts: dict[str, str], timeout: float = 180) -> None:
-    def ready() -> Any:
-        st = status(cluster, ns)
-        got = {r: (st.get(r) or {}).get("summary") for r in counts}
-        return st.get("phase") == "Ready" and got == counts and st
-
-    cluster.wait_until(f"PDDeployment Ready with {counts}", ready, timeout)
-
-
-def generate(cluster: Cluster, ns: str, text: str) -> dict[str, Any]:
-    pods = get_json(cluster, ns, "pods", "-l", "pdwarden.dev/role=router")["items"]
-    ip = next(p["status"]["podIP"] for p in pods if p["status"].get("podIP"))
-    req = urllib.request.Request(
-        f"http://{ip}:8000/generate",
-        data=json.dumps({"text": text, "max_new_tokens": 4}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        answer: dict[str, Any] = json.loads(resp.read())
-        return answer
 
 
 def test_apply_cpu_example_runs_serves_scales_rolls_and_cleans_up(

@@ -275,3 +275,13 @@ def test_one_stale_pod_does_not_hide_the_others() -> None:
 
 def test_nothing_to_judge() -> None:
     assert detect([], WEDGE_AFTER) == Detection()
+
+
+def test_only_a_full_window_without_a_stall_counts_as_healthy() -> None:
+    idle = decode("d-0", history=series(20, running=0, generated_tokens=500))
+    busy = decode("d-1", history=series(20, running=2, generated_tokens=list(range(20))))
+    young = decode("d-2", history=series(3, running=0, generated_tokens=500))
+    stuck = decode("d-3", history=series(20, transfer_queue=2, generated_tokens=500))
+    d = detect([idle, busy, young, stuck], WEDGE_AFTER)
+    assert d.healthy_decodes == frozenset({"d-0", "d-1"})
+    assert d.stalled_decodes == frozenset({"d-3"})

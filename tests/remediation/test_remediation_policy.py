@@ -212,10 +212,21 @@ def test_a_new_cordon_allows_a_new_restart() -> None:
 # -- 4. UncordonDecode ---------------------------------------------------------------------
 
 
+HEALTHY_D1 = Detection(healthy_decodes=frozenset({"d-1"}))
+
+
 def test_uncordon_when_recovered() -> None:
     history = [entry("CordonDecode", "d-1", 120)]
-    p = run(Detection(), pods(cordoned={"d-1": 120}), history)
-    assert p.actions == (Action("UncordonDecode", "d-1", "no longer stalled", uid="uid-d-1"),)
+    p = run(HEALTHY_D1, pods(cordoned={"d-1": 120}), history)
+    assert p.actions == (
+        Action("UncordonDecode", "d-1", "healthy for a full window", uid="uid-d-1"),
+    )
+
+
+def test_no_uncordon_without_a_full_window_of_evidence() -> None:
+    """A restarted operator has no samples yet: silence is not recovery."""
+    history = [entry("CordonDecode", "d-1", 120)]
+    assert run(Detection(), pods(cordoned={"d-1": 120}), history).actions == ()
 
 
 def test_no_uncordon_while_wedged_rooms_still_point_at_it() -> None:
@@ -228,8 +239,8 @@ def test_no_uncordon_while_wedged_rooms_still_point_at_it() -> None:
 def test_no_uncordon_within_the_cooldown_of_the_cordon() -> None:
     """A repeat offender is not stalled; one scrape later it must not be uncordoned already."""
     history = [entry("FailRooms", "p-0", 45, peer="d-1"), entry("CordonDecode", "d-1", 5)]
-    assert run(Detection(), pods(cordoned={"d-1": 5}), history).actions == ()
-    assert kinds(run(Detection(), pods(cordoned={"d-1": 61}), history[:1])) == [
+    assert run(HEALTHY_D1, pods(cordoned={"d-1": 5}), history).actions == ()
+    assert kinds(run(HEALTHY_D1, pods(cordoned={"d-1": 61}), history[:1])) == [
         ("UncordonDecode", "d-1")
     ]
 
@@ -352,7 +363,7 @@ def test_breaker_reset_forgets_earlier_actions() -> None:
 
 def test_uncordon_still_happens_while_suspended() -> None:
     history = [*busy_hour(20), entry("CordonDecode", "d-1", 300)]
-    p = run(Detection(), pods(cordoned={"d-1": 300}), history, max_actions_per_hour=20)
+    p = run(HEALTHY_D1, pods(cordoned={"d-1": 300}), history, max_actions_per_hour=20)
     assert p.suspended and kinds(p) == [("UncordonDecode", "d-1")]
 
 

@@ -1,0 +1,143 @@
+"""Helpers for end-to-end tests that drive a PDDeployment on a real cluster.
+
+Why: the operator, remediation, Helm and demo tests all apply PDDeployments, wait on their
+status, talk to worker pods by pod IP and read the admin token; one module keeps that
+vocabulary the same everywhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e.fixtures import Cluster
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CHILDREN_KINDS = [
+    "StatefulSet", "Deployment", "Service", "Secret", "PodDisruptionBudget",
+    "ServiceAccount", "Role", "RoleBinding",
+]  # fmt: skip
+CHILDREN = ",".join(k.lower() for k in CHILDREN_KINDS)
+
+
+def cpu_example(name: str = "pd", **spec_overrides: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(
+        (REPO_ROOT / "manifests" / "examples" / "minimal-cpu.yaml").read_text()
+    )
+    doc["metadata"]["name"] = name
+    doc["spec"] = merge(doc["spec"], spec_overrides)
+    return doc
+
+
+def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def apply(cluster: Cluster, ns: str, doc: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(doc))
+
+
+def get_json(cluster: Cluster, ns: str, *what: str) -> Any:
+    out = cluster.kubectl("get", "-n", ns, *what, "-o", "json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def status(cluster: Cluster, ns: str, name: str = "pd") -> dict[str, Any]:
+    obj = get_json(cluster, ns, "pdd", name) or {}
+    st: dict[str, Any] = obj.get("status") or {}
+    return st
+
+
+def condition(st: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in st.get("conditions", []) if c["type"] == type_), {})
+
+
+def wait_ready(
+    cluster: Cluster, ns: str, counts: dict[str, str], timeout: float = 180, name: str = "pd"
+) -> dict[str, Any]:
+    def ready() -> Any:
+        st = status(cluster, ns, name)
+        got = {r: (st.get(r) or {}).get("summary") for r in counts}
+        return st.get("phase") == "Ready" and got == counts and st
+
+    result: dict[str, Any] = cluster.wait_until(f"{name} Ready with {counts}", ready, timeout)
+    return result
+
+
+def pods(cluster: Cluster, ns: str, role: str, name: str = "pd") -> list[dict[str, Any]]:
+    sel = f"pdwarden.dev/deployment={name},pdwarden.dev/role={role}"
+    items: list[dict[str, Any]] = get_json(cluster, ns, "pods", "-l", sel)["items"]
+    return sorted(items, key=lambda p: p["metadata"]["name"])
+
+
+def pod_condition(pod: dict[str, Any], type_: str) -> dict[str, Any]:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == type_:
+            return dict(c)
+    return {}
+
+
+def admin_token(cluster: Cluster, ns: str, name: str = "pd") -> str:
+    secret = get_json(cluster, ns, "secret", f"{name}-admin")
+    return base64.b64decode(secret["data"]["token"]).decode()
+
+
+def http(
+    method: str, url: str, body: Any = None, token: str | None = None, timeout: float = 30
+) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+            code = resp.status
+    except urllib.error.HTTPError as e:
+        raw, code = e.read(), e.code
+    try:
+        return code, json.loads(raw)
+    except ValueError:
+        return code, raw.decode(errors="replace")
+
+
+def router_url(cluster: Cluster, ns: str, name: str = "pd") -> str:
+    ip = next(
+        p["status"]["podIP"] for p in pods(cluster, ns, "router", name) if p["status"].get("podIP")
+    )
+    return f"http://{ip}:8000"
+
+
+def generate(cluster: Cluster, ns: str, text: str, name: str = "pd") -> dict[str, Any]:
+    code, answer = http(
+        "POST", router_url(cluster, ns, name) + "/generate", {"text": text, "max_new_tokens": 4}
+    )
+    assert isinstance(answer, dict), answer
+    answer["http_status"] = code
+    return answer
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Prometheus text as {name{labels}: value} (our own tiny reader for assertions)."""
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out

@@ -1,0 +1,343 @@
+"""Remediation end to end: real pdworker pods wedge on purpose and the operator repairs them.
+
+Every scenario runs on the local control plane with real worker processes moving real KV over
+NIXL; faults are switched on through the workers' documented fault switches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e.fixtures import Cluster, OperatorProcess
+from e2e.pdtools import (
+    admin_token,
+    apply,
+    condition,
+    cpu_example,
+    generate,
+    get_json,
+    http,
+    pod_condition,
+    pods,
+    router_url,
+    scrape,
+    status,
+    wait_ready,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+SCRAPE, WEDGE_AFTER, RESTART_AFTER = 1, 4, 5
+FAST = {
+    "scrapeIntervalSeconds": SCRAPE,
+    "wedgeAfterSeconds": WEDGE_AFTER,
+    "restartAfterSeconds": RESTART_AFTER,
+    "cooldownSeconds": 2,
+    "maxUnavailableDecode": 1,
+}
+SERVING = "pdwarden.dev/serving"
+
+
+def env(faults: str) -> list[dict[str, str]]:
+    return [{"name": "PDWORKER_FAULTS", "value": faults}]
+
+
+def ledger(cluster: Cluster, ns: str) -> list[dict[str, Any]]:
+    history: list[dict[str, Any]] = (status(cluster, ns).get("remediation") or {}).get(
+        "history"
+    ) or []
+    return history
+
+
+def actions(cluster: Cluster, ns: str, kind: str) -> list[dict[str, Any]]:
+    return [e for e in ledger(cluster, ns) if e["action"] == kind]
+
+
+def events(cluster: Cluster, ns: str, reason: str) -> list[dict[str, Any]]:
+    items = get_json(cluster, ns, "events", "--field-selector", f"reason={reason}")["items"]
+    return list(items)
+
+
+def load(url: str, *args: str, timeout: float = 120) -> dict[str, Any]:
+    """Run `pdworker load` against the router and return its JSON summary."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "summary.json"
+        out = subprocess.run(
+            [str(Path(sys.executable).parent / "pdworker"), "load", "--url", url,
+             "--json", str(path), *args],
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+        assert path.exists(), out.stderr
+        summary: dict[str, Any] = json.loads(path.read_text())
+        return summary
+
+
+def stall(cluster: Cluster, ns: str, pod: dict[str, Any]) -> None:
+    ip = pod["status"]["podIP"]
+    code, body = http("POST", f"http://{ip}:8000/admin/decode-stall", {}, admin_token(cluster, ns))
+    assert code == 200, body
+
+
+def decode_stall_deployment(**remediation: Any) -> dict[str, Any]:
+    return cpu_example(
+        decode={"replicas": 2, "env": env("decode-stall")},
+        remediation={**FAST, **remediation},
+    )
+
+
+def test_abort_race_wedge_fails_exactly_the_wedged_rooms(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    ns = namespace
+    race = {"env": env("legacy-status-race,no-inflight-watchdog"),
+            "args": ["--prefill-chunk-ms", "3", "--chunk-pages", "1"]}  # fmt: skip
+    apply(cluster, ns, cpu_example(prefill=race, decode=race, remediation=FAST))
+    wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"})
+    uids = {p["metadata"]["uid"] for p in pods(cluster, ns, "decode")}
+    prefill = pods(cluster, ns, "prefill")[0]
+    prefill_url = f"http://{prefill['status']['podIP']}:8000"
+    token = admin_token(cluster, ns)
+
+    stuck: list[dict[str, Any]] = []
+    summaries = []
+    for _ in range(4):  # storms until the race leaves rooms stuck in the inflight queue
+        summaries.append(
+            load(router_url(cluster, ns), "--clients", "30", "--requests", "600",
+                 "--cancel-fraction", "0.3", "--cancel-max-ms", "150", "--prompt-len", "4:64",
+                 "--output-len", "1:8")
+        )  # fmt: skip
+        code, rooms = http("GET", prefill_url + "/admin/rooms", token=token)
+        assert code == 200
+        stuck = [r for r in rooms if r["phase"] == "inflight"]
+        if stuck:
+            break
+    assert stuck, "the legacy-status-race fault did not wedge any room"
+    snapshot = time.monotonic()
+    youngest = min(r["phase_seconds"] for r in stuck)
+    budget = max(0.0, WEDGE_AFTER - youngest) + 2 * SCRAPE + 5  # +5: kubectl/scrape latency
+
+    def drained() -> bool:
+        m = scrape(prefill_url + "/metrics")
+        return m.get("pdworker_prefill_inflight_queue_reqs") == 0
+
+    cluster.wait_until("prefill inflight queue drained", drained, budget + 10)
+    took = time.monotonic() - snapshot
+    assert took <= budget, f"took {took:.1f}s, allowed {budget:.1f}s"
+    failed = actions(cluster, ns, "FailRooms")
+    assert failed and all(e["outcome"] == "Succeeded" for e in failed)
+    # Every admin failure on the worker is one the operator recorded, and covers the snapshot.
+    admin_failed = scrape(prefill_url + "/metrics").get(
+        'pdworker_requests_failed_total{reason="admin"}', 0
+    )
+    assert admin_failed == sum(e["rooms"] for e in failed) >= len(stuck)
+    # No healthy room was failed: no client request ever saw an admin failure.
+    assert all(s["failed"].get("admin", 0) == 0 for s in summaries), summaries
+    assert generate(cluster, ns, "after the repair").get("ok") is True
+    assert {p["metadata"]["uid"] for p in pods(cluster, ns, "decode")} == uids
+    assert not actions(cluster, ns, "RestartDecode")
+
+
+def test_stalled_decode_is_cordoned_restarted_and_uncordoned(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    ns = namespace
+    apply(cluster, ns, decode_stall_deployment())
+    wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"})
+    victim, healthy = pods(cluster, ns, "decode")
+    stall(cluster, ns, victim)
+    # Work reaches the stalled pod (the router picks decode pods at random) and sticks there.
+    summary = load(router_url(cluster, ns), "--clients", "4", "--requests", "24", "--timeout", "8")
+    assert summary["completed"] > 0
+
+    def cordoned() -> Any:
+        pod = get_json(cluster, ns, "pod", victim["metadata"]["name"])
+        cond = pod_condition(pod, SERVING)
+        return cond.get("status") == "False" and pod["metadata"]["uid"] == victim["metadata"]["uid"]
+
+    cluster.wait_until("the stalled pod to be cordoned", cordoned, WEDGE_AFTER + 15)
+    # Cordoned: no new request reaches it, the other decode pod keeps serving.
+    for i in range(6):
+        answer = generate(cluster, ns, f"while cordoned {i}")
+        assert answer.get("ok") is True, answer
+        assert answer["decode"] == f"http://{healthy['status']['podIP']}:8000"
+
+    def replaced() -> Any:
+        pod = get_json(cluster, ns, "pod", victim["metadata"]["name"])
+        return pod and pod["metadata"]["uid"] != victim["metadata"]["uid"] and pod
+
+    cluster.wait_until("the stalled pod to be restarted", replaced, RESTART_AFTER + 30)
+    wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"}, timeout=120)
+    new = get_json(cluster, ns, "pod", victim["metadata"]["name"])
+    assert pod_condition(new, SERVING)["status"] == "True"
+    kinds = [e["action"] for e in ledger(cluster, ns)]
+    assert kinds.count("CordonDecode") == 1 and kinds.count("RestartDecode") == 1
+    assert healthy["metadata"]["uid"] in {p["metadata"]["uid"] for p in pods(cluster, ns, "decode")}
+    # The new pod serves: enough requests that the random pick reaches both decode pods.
+    seen = {generate(cluster, ns, f"after {i}")["decode"] for i in range(12)}
+    assert f"http://{new['status']['podIP']}:8000" in seen
+    assert events(cluster, ns, "CordonDecode") and events(cluster, ns, "RestartDecode")
+
+
+def test_dry_run_decides_and_records_but_changes_nothing(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    ns = namespace
+    apply(cluster, ns, decode_stall_deployment(mode="DryRun"))
+    wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"})
+    victim, _ = pods(cluster, ns, "decode")
+    stall(cluster, ns, victim)
+    load(router_url(cluster, ns), "--clients", "4", "--requests", "16", "--timeout", "6")
+    cluster.wait_until(
+        "a dry-run restart decision",
+        lambda: any(e["dryRun"] for e in actions(cluster, ns, "RestartDecode")),
+        WEDGE_AFTER + RESTART_AFTER + 20,
+    )
+    pod = get_json(cluster, ns, "pod", victim["metadata"]["name"])
+    assert pod["metadata"]["uid"] == victim["metadata"]["uid"]  # not restarted
+    assert pod_condition(pod, SERVING)["status"] == "True"  # not cordoned
+    assert all(e["dryRun"] for e in ledger(cluster, ns))
+    assert events(cluster, ns, "DryRunCordonDecode") and events(cluster, ns, "DryRunRestartDecode")
+    assert condition(status(cluster, ns), "Wedged")["status"] == "True"
+
+
+def test_long_prefill_is_not_a_wedge(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    ns = namespace
+    # 60 one-page chunks at 100 ms: a 6 s prefill, longer than wedgeAfterSeconds (4 s).
+    slow = {"args": ["--prefill-chunk-ms", "100", "--chunk-pages", "1"]}
+    apply(cluster, ns, cpu_example(prefill=slow, decode={"replicas": 1}, remediation=FAST))
+    wait_ready(cluster, ns, {"prefill": "1/1", "decode": "1/1", "router": "1/1"})
+    started = time.monotonic()
+    code, answer = http(
+        "POST", router_url(cluster, ns) + "/generate",
+        {"input_ids": list(range(1, 16 * 60)), "max_new_tokens": 2}, timeout=60,
+    )  # fmt: skip
+    assert code == 200 and answer.get("ok") is True, answer
+    assert time.monotonic() - started > WEDGE_AFTER
+    time.sleep(2 * SCRAPE)  # let one more cycle look at the finished request
+    assert ledger(cluster, ns) == []
+    assert condition(status(cluster, ns), "Wedged")["status"] == "False"
+
+
+def test_budget_limits_cordons_and_the_breaker_trips(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    ns = namespace
+    doc = cpu_example(
+        decode={"replicas": 4, "env": env("decode-stall")},
+        remediation={**FAST, "maxUnavailableDecode": "25%", "maxActionsPerHour": 3,
+                     "restartAfterSeconds": 3, "cooldownSeconds": 1},
+    )  # fmt: skip
+    apply(cluster, ns, doc)
+    wait_ready(cluster, ns, {"prefill": "1/1", "decode": "4/4", "router": "1/1"}, timeout=240)
+    max_seen = 0
+    for pod in pods(cluster, ns, "decode"):
+        stall(cluster, ns, pod)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        load(router_url(cluster, ns), "--clients", "8", "--requests", "16", "--timeout", "3")
+        out = [
+            p
+            for p in pods(cluster, ns, "decode")
+            if pod_condition(p, SERVING).get("status") == "False"
+        ]
+        max_seen = max(max_seen, len(out))
+        assert len(out) <= 1, "more decode pods cordoned than the 25% budget allows"
+        if condition(status(cluster, ns), "RemediationSuspended").get("status") == "True":
+            break
+    st = status(cluster, ns)
+    suspended = condition(st, "RemediationSuspended")
+    assert suspended["status"] == "True", st.get("remediation")
+    assert "maxActionsPerHour" in suspended["message"]
+    assert st["remediation"]["suspended"] is True
+    assert max_seen == 1
+    taken = [e for e in ledger(cluster, ns) if e["action"] != "UncordonDecode"]
+    assert len(taken) == 3
+
+
+def test_unreachable_metrics_are_unknown_never_acted_on(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    ns = namespace
+    apply(cluster, ns, decode_stall_deployment())
+    wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"})
+    victim, _ = pods(cluster, ns, "decode")
+    # Freeze a decode process: its /metrics stops answering, so it is unknown, never wedged,
+    # even while requests routed to it pile up.
+    pid = worker_pid(victim)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        errors_before = operator.metric("pdwarden_scrape_errors_total")
+
+        def explained() -> Any:
+            cond = condition(status(cluster, ns), "Wedged")
+            return cond.get("reason") == "MetricsUnavailable" and cond
+
+        cond = cluster.wait_until("the Wedged condition to explain", explained, 30)
+        assert victim["metadata"]["name"] in cond["message"] and cond["status"] == "Unknown"
+        load(router_url(cluster, ns), "--clients", "4", "--requests", "8", "--timeout", "3")
+        time.sleep(WEDGE_AFTER + RESTART_AFTER)
+        assert operator.metric("pdwarden_scrape_errors_total") > errors_before
+        pod = get_json(cluster, ns, "pod", victim["metadata"]["name"])
+        assert pod["metadata"]["uid"] == victim["metadata"]["uid"]
+        assert pod_condition(pod, SERVING)["status"] == "True"
+        assert not [e for e in ledger(cluster, ns) if e["pod"] == victim["metadata"]["name"]]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_operator_restart_mid_ladder_neither_repeats_nor_skips(
+    cluster: Cluster, namespace: str, crd: str, tmp_path: Path
+) -> None:
+    ns = namespace
+    first = OperatorProcess(cluster, [ns], tmp_path / "op1.log").start()
+    apply(cluster, ns, decode_stall_deployment(restartAfterSeconds=12, cooldownSeconds=12))
+    wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"})
+    victim, _ = pods(cluster, ns, "decode")
+    stall(cluster, ns, victim)
+    load(router_url(cluster, ns), "--clients", "4", "--requests", "16", "--timeout", "4")
+    cluster.wait_until("the cordon", lambda: actions(cluster, ns, "CordonDecode"), 30)
+    first.kill(signal.SIGKILL)
+    second = OperatorProcess(cluster, [ns], tmp_path / "op2.log").start()
+    try:
+
+        def replaced() -> Any:
+            pod = get_json(cluster, ns, "pod", victim["metadata"]["name"])
+            return pod and pod["metadata"]["uid"] != victim["metadata"]["uid"]
+
+        cluster.wait_until("the restart by the second operator", replaced, 60)
+        wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"}, timeout=120)
+        time.sleep(3 * SCRAPE)
+        kinds = [e["action"] for e in ledger(cluster, ns)]
+        assert kinds.count("CordonDecode") == 1, kinds
+        assert kinds.count("RestartDecode") == 1, kinds
+        assert (
+            len(events(cluster, ns, "CordonDecode")) == 2
+        )  # one on the PDDeployment, one on the pod
+    finally:
+        second.stop()
+
+
+def worker_pid(pod: dict[str, Any]) -> int:
+    """The local kubelet runs each container as a process whose environment names the pod UID."""
+    uid = pod["metadata"]["uid"]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"POD_UID={uid}".encode() in environ and b"decode" in cmdline:
+            return int(entry.name)
+    raise AssertionError(f"no process found for pod {pod['metadata']['name']}")
