@@ -8,7 +8,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CLUSTER_DIR := .cluster
 
-.PHONY: help venv lint types imports unit test cluster-bin cluster-up cluster-down demo bench crd
+.PHONY: help venv lint types imports test cluster-bin cluster-up cluster-down demo bench crd \
+	manifests images
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -46,8 +47,18 @@ cluster-down: $(STAMP)  ## stop the local control plane and every process it sta
 crd: $(STAMP)  ## regenerate crds/ from the pydantic models
 	$(BIN)/pdwarden crd > crds/pddeployments.pdwarden.dev.yaml
 
-demo: $(STAMP)  ## the main job: wedge a PD deployment on purpose and watch pdwarden repair it
-	$(BIN)/pdwarden demo
+manifests: $(STAMP) cluster-bin  ## render manifests/install.yaml from the Helm chart
+	scripts/render-install.sh manifests/install.yaml
 
-bench: $(STAMP)  ## benchmarks; results in bench/results and bench/README.md
-	@echo "make bench: the benchmarks are not built yet (issue: measure it and show it)." >&2; exit 2
+images:  ## build the operator and worker images (needs a Docker engine)
+	@command -v docker >/dev/null && docker info >/dev/null 2>&1 || \
+		{ echo "make images: no Docker engine here; see images/README.md" >&2; exit 2; }
+	docker build -f images/operator.Dockerfile -t ghcr.io/pdwarden/pdwarden:0.1.0 .
+	docker build -f images/worker-cpu.Dockerfile -t ghcr.io/pdwarden/pdworker:0.1.0-cpu .
+	docker build -f images/worker-cuda.Dockerfile -t ghcr.io/pdwarden/pdworker:0.1.0-cuda12 .
+
+demo: $(STAMP) cluster-bin  ## the main job: wedge a PD deployment on purpose and watch pdwarden repair it
+	$(BIN)/python -m e2e.demo
+
+bench: $(STAMP) cluster-bin  ## benchmarks; results in bench/results and bench/README.md
+	$(BIN)/python -m bench

@@ -9,6 +9,7 @@ never undo each other with a stale copy.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -117,6 +118,10 @@ def forget(state: OperatorState, body: Mapping[str, Any]) -> None:
     state.known.discard(uid)
     state.locks.pop(uid, None)
     state.statuses.pop(uid, None)
+    meta = body["metadata"]
+    for gauge in (metrics.REMEDIATION_SUSPENDED, metrics.WEDGED_ROOMS):
+        with contextlib.suppress(KeyError):
+            gauge.remove(meta["namespace"], meta["name"])
     if state.remediator is not None:
         state.remediator.forget(uid)
     metrics.MANAGED.set(len(state.known))

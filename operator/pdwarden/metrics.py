@@ -44,3 +44,11 @@ TIME_TO_REMEDIATE = Histogram(
     "Time wedged rooms had spent in the inflight queue when pdwarden failed them.",
     buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
 )
+REMEDIATION_SUSPENDED = Gauge(
+    "pdwarden_remediation_suspended",
+    "1 while a PDDeployment's circuit breaker holds remediation suspended.",
+    ["namespace", "name"],
+)
+WEDGED_ROOMS = Gauge(
+    "pdwarden_wedged_rooms", "Rooms wedged now, per PDDeployment.", ["namespace", "name"]
+)

@@ -210,7 +210,12 @@ async def _reconcile_valid(
     await _ensure_secret(client, owner, ctx.token_key)
     desired = render_deployment(owner, spec)
     observed = await observe(client, owner)
-    spec_changed = previous.observed_generation != ctx.generation
+    # Re-apply everything after a spec change, and on every pass while the last apply failed
+    # (a 403 fixed by an admin, a conflicting object deleted): level-based, bounded by the resync.
+    spec_changed = previous.observed_generation != ctx.generation or _degraded_reason(previous) in (
+        "ApplyFailed",
+        "ConflictingObject",
+    )
     applied: list[str] = []
     apply_error: str | None = None
     for obj in desired:
@@ -249,6 +254,10 @@ async def _reconcile_valid(
     if applied:
         log.info("%s/%s: applied %s", owner.namespace, owner.name, ", ".join(applied))
     return PassResult(applied=applied, status=wire)
+
+
+def _degraded_reason(status: PDDeploymentStatus) -> str:
+    return next((c.reason for c in status.conditions if c.type == "Degraded"), "")
 
 
 def _degraded_message(status: PDDeploymentStatus) -> str:

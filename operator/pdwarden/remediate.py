@@ -383,6 +383,9 @@ class Remediator:
             history=history, cordoned=cordoned, actions_last_hour=used, suspended=suspended,
             decode_budget=decision.budget, breaker_reset_at=reset_at,
         )  # fmt: skip
+        meta = body["metadata"]
+        metrics.REMEDIATION_SUSPENDED.labels(meta["namespace"], meta["name"]).set(int(suspended))
+        metrics.WEDGED_ROOMS.labels(meta["namespace"], meta["name"]).set(detection.wedged_rooms)
         wedges = [_wedge(f, now) for f in detection.findings][:MAX_WEDGES]
         conditions = list(previous.conditions)
         if detection.findings:
