@@ -7,8 +7,8 @@ import threading
 from typing import Any
 
 import pytest
+from pdharness import PD, TOKEN, http, metric, scrape, wait_clean, wait_for
 
-from conftest import PD, TOKEN, http, metric, scrape, wait_clean, wait_for
 from pdworker import contract as c
 
 pytestmark = pytest.mark.nixl

@@ -8,8 +8,8 @@ import time
 
 import pytest
 import torch
+from pdharness import PD, http, metric, scrape, wait_clean
 
-from conftest import PD, http, metric, scrape, wait_clean
 from pdworker.model import ModelConfig, TinyModel, kv_checksum
 
 pytestmark = pytest.mark.nixl

@@ -8,8 +8,7 @@ import signal
 import time
 
 import pytest
-
-from conftest import PD, metric, scrape, wait_clean, wait_for
+from pdharness import PD, metric, scrape, wait_clean, wait_for
 
 pytestmark = pytest.mark.nixl
 PEER_TIMEOUT = 3.0  # conftest SMALL: --peer-timeout 3, heartbeats every 0.5 s

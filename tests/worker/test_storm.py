@@ -10,8 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from conftest import PD, metric, queues_idle, scrape, wait_clean, wait_for
+from pdharness import PD, metric, queues_idle, scrape, wait_clean, wait_for
 
 pytestmark = [pytest.mark.nixl, pytest.mark.slow]
 REASONS = ("aborted", "bootstrap_timeout", "waiting_timeout", "inflight_timeout",

@@ -165,6 +165,10 @@ class DecodeWorker:
         except asyncio.CancelledError:
             self._fail(room, "aborted", "client disconnected")
             raise
+        except Exception as exc:  # never leave a room behind without a reason
+            log.exception("room %d crashed", room)
+            self._fail(room, "transfer_error", f"decode crashed: {exc!r}")
+            result = self._failure(room)
         finally:
             self._spawn(self._cleanup(room, work))
         return web.json_response(result, status=200 if result["ok"] else 500)

@@ -65,9 +65,9 @@ class TinyModel:
         cfg = self.cfg
         keys = kv[-1, 0].reshape(kv.shape[2], cfg.hidden)
         values = kv[-1, 1].reshape(kv.shape[2], cfg.hidden)
-        q = self.embed[token % cfg.vocab]
+        q = self.embed[token % cfg.vocab] @ self.wk[-1]
         att = torch.softmax(keys @ q / math.sqrt(cfg.hidden), dim=0)
-        return int(torch.argmax(self.embed @ (att @ values + q)).item())
+        return int(torch.argmax(self.embed @ torch.tanh(att @ values @ self.wo[-1])).item())
 
     def prefill(self, token_ids: list[int]) -> tuple[torch.Tensor, int]:
         """Whole-prompt KV and first token (tests use it to check what decode received)."""

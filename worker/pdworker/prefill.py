@@ -266,6 +266,9 @@ class PrefillWorker:
                     if work.transfer_started is None:
                         work.transfer_started = mono()
                     self.shards[room % len(self.shards)].put(job)
+        except Exception as exc:  # a crashed forward must still end the room, with a reason
+            log.exception("forward pass of room %d crashed", room)
+            self.table.fail(room, "transfer_error", mono(), f"forward pass crashed: {exc!r}")
         finally:
             work.forward_done = True
 
