@@ -341,3 +341,62 @@ def worker_pid(pod: dict[str, Any]) -> int:
         if f"POD_UID={uid}".encode() in environ and b"decode" in cmdline:
             return int(entry.name)
     raise AssertionError(f"no process found for pod {pod['metadata']['name']}")
+
+
+def test_decode_killed_mid_transfer_frees_rooms_of_the_old_incarnation(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    ns = namespace
+    # Slow prefills keep rooms in flight; no inflight watchdog and a long peer timeout, so the
+    # prefill does not clear rooms of a dead peer by timing out on its own.
+    prefill_args = ["--prefill-chunk-ms", "40", "--chunk-pages", "1", "--peer-timeout", "300"]
+    apply(cluster, ns, cpu_example(
+        prefill={"args": prefill_args, "env": env("no-inflight-watchdog")},
+        decode={"replicas": 2}, remediation=FAST,
+    ))  # fmt: skip
+    wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"})
+    victim = pods(cluster, ns, "decode")[0]
+    name = victim["metadata"]["name"]
+    prefill_url = f"http://{pods(cluster, ns, 'prefill')[0]['status']['podIP']}:8000"
+    token = admin_token(cluster, ns)
+    loader = subprocess.Popen(
+        [str(Path(sys.executable).parent / "pdworker"), "load", "--url", router_url(cluster, ns),
+         "--clients", "8", "--duration", "60", "--prompt-len", "320", "--output-len", "2",
+         "--timeout", "20"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+
+        def bound_to_victim() -> Any:
+            _, rooms = http("GET", prefill_url + "/admin/rooms", token=token)
+            mine = [r for r in rooms if (r.get("peer") or {}).get("pod") == name]
+            return mine or None
+
+        bound = cluster.wait_until(f"rooms bound to {name}", bound_to_victim, 30)
+        old_incarnation = bound[0]["peer"]["incarnation"]
+        cluster.kubectl("delete", "pod", "-n", ns, name, "--grace-period=0", "--force")
+    finally:
+        loader.kill()
+        loader.wait(timeout=10)
+
+    def new_incarnation_up() -> Any:
+        pod = get_json(cluster, ns, "pod", name)
+        return (
+            pod
+            and pod["metadata"]["uid"] != victim["metadata"]["uid"]
+            and pod_condition(pod, "Ready").get("status") == "True"
+        )
+
+    cluster.wait_until("the new decode incarnation", new_incarnation_up, 120)
+    appeared = time.monotonic()
+
+    def old_rooms_gone() -> bool:
+        _, rooms = http("GET", prefill_url + "/admin/rooms", token=token)
+        return not [r for r in rooms if (r.get("peer") or {}).get("incarnation") == old_incarnation]
+
+    cluster.wait_until("rooms of the old incarnation failed", old_rooms_gone, 2 * SCRAPE + 10)
+    took = time.monotonic() - appeared
+    assert took <= 2 * SCRAPE + 5, f"rooms of the old incarnation lingered {took:.1f}s"
+    m = scrape(prefill_url + "/metrics")
+    assert m.get("pdworker_prefill_inflight_queue_reqs") == 0
+    assert generate(cluster, ns, "served by the new incarnation").get("ok") is True

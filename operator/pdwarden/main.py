@@ -23,6 +23,7 @@ class RunConfig:
     resync_seconds: float = 5.0
     token_key: bytes | None = None
     global_dry_run: bool = False
+    peering_lifetime: int = 60
 
 
 def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
@@ -39,6 +40,7 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
         )
         settings.persistence.finalizer = f"{GROUP}/finalizer"
         settings.posting.level = logging.WARNING
+        settings.peering.lifetime = config.peering_lifetime
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 30
         memo.state = handlers.OperatorState(
@@ -61,11 +63,18 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
     async def reconcile_on_change(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await handlers.reconcile_now(memo.state, body, force_apply=True)
 
-    @kopf.timer(*resource, interval=config.resync_seconds, registry=registry)
-    async def resync(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await handlers.reconcile_now(memo.state, body, force_apply=False)
+    # Daemons rather than timers: kopf cancels daemons when it pauses (a higher-priority peer
+    # appeared) or stops, whereas a timer that is busy at that moment is left running orphaned.
+    @kopf.daemon(*resource, registry=registry, cancellation_timeout=2.0, initial_delay=1.0)
+    async def resync(body: kopf.Body, memo: kopf.Memo, stopped: Any, **_: Any) -> None:
+        while not stopped:
+            try:
+                await handlers.reconcile_now(memo.state, body, force_apply=False)
+            except kopf.TemporaryError as e:
+                logging.getLogger("pdwarden.main").warning("resync: %s", e)
+            await asyncio.sleep(config.resync_seconds)
 
-    @kopf.daemon(*resource, registry=registry, cancellation_timeout=5.0, initial_delay=1.0)
+    @kopf.daemon(*resource, registry=registry, cancellation_timeout=2.0, initial_delay=1.0)
     async def remediation_loop(body: kopf.Body, memo: kopf.Memo, stopped: Any, **_: Any) -> None:
         while not stopped:
             interval = await handlers.remediation_cycle(memo.state, body)

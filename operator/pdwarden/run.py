@@ -44,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="peering priority of this replica (default: random, so replicas never tie)",
     )  # fmt: skip
     parser.add_argument(
+        "--peering-lifetime", type=int, default=60,
+        help="seconds a silent peer still counts as alive; a standby takes over after it (60)",
+    )  # fmt: skip
+    parser.add_argument(
         "--host", default=host, help=f"address for the liveness and metrics servers ({host})"
     )
     parser.add_argument(
@@ -83,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
             resync_seconds=args.resync_seconds,
             token_key=token_key,
             global_dry_run=args.global_dry_run,
+            peering_lifetime=args.peering_lifetime,
         )
     )
     if args.metrics_port:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -141,3 +142,56 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates(
         assert "Traceback" not in second.log()
     finally:
         second.stop()
+
+
+PEERING = """
+apiVersion: kopf.dev/v1
+kind: KopfPeering
+metadata:
+  name: pdwarden
+"""
+
+
+def test_two_operators_only_one_acts_and_the_standby_takes_over(
+    cluster: Cluster, namespace: str, crd: str, tmp_path: Path
+) -> None:
+    ns = namespace
+    cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "kopf-peering.yaml"))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/kopfpeerings.kopf.dev", "--timeout=60s"
+    )
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=PEERING)
+    ha = ("--peering=pdwarden", "--peering-lifetime=15")
+    active = OperatorProcess(cluster, [ns], tmp_path / "a.log", *ha, "--priority=200").start()
+    standby = OperatorProcess(cluster, [ns], tmp_path / "b.log", *ha, "--priority=100")
+    try:
+        apply(cluster, ns, cpu_example())
+        wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"})
+        standby.start()
+        # A replica that starts while a higher-priority one lives starts paused (kopf peering).
+        cluster.wait_until("the standby's metrics endpoint", lambda: _answers(standby), 60)
+        time.sleep(3)  # let it read the peering object and the PDDeployment
+        baseline = standby.metric("pdwarden_reconciles_total")
+        before = active.metric("pdwarden_reconciles_total")
+        env = {"spec": {"decode": {"env": [{"name": "HA_PROBE", "value": "1"}]}}}
+        cluster.kubectl("patch", "-n", ns, "pdd/pd", "--type=merge", "-p", json.dumps(env))
+        wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"}, timeout=120)
+        assert status(cluster, ns)["observedGeneration"] == 2
+        assert active.metric("pdwarden_reconciles_total") > before
+        assert standby.metric("pdwarden_reconciles_total") == baseline
+
+        active.kill(9)
+        cluster.kubectl("scale", "-n", ns, "pdd/pd", "--replicas=1")
+        wait_ready(cluster, ns, {"prefill": "1/1", "decode": "1/1", "router": "1/1"}, timeout=120)
+        assert standby.metric("pdwarden_reconciles_total") > baseline
+    finally:
+        active.stop()
+        standby.stop()
+
+
+def _answers(op: OperatorProcess) -> bool:
+    try:
+        op.metric("pdwarden_reconciles_total")
+    except OSError:
+        return False
+    return True
