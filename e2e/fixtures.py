@@ -25,7 +25,6 @@ from e2e.cluster.controlplane import (
     LocalCluster,
     build_binaries,
     free_port,
-    random_pod_cidr_octet,
 )
 
 EXTERNAL_ENV = "PDWARDEN_E2E_KUBECONFIG"
@@ -88,7 +87,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     if external:
         yield Cluster(kubeconfig=external, bin_dir=bin_dir, local=None)
         return
-    local = LocalCluster(tmp_path_factory.mktemp("cluster"), pod_cidr_octet=random_pod_cidr_octet())
+    local = LocalCluster(tmp_path_factory.mktemp("cluster"))
     atexit.register(local.stop, quiet=True)  # also on Ctrl-C or a crash of the session
     try:
         local.start()

@@ -94,8 +94,9 @@ class LocalCluster:
     gpu_nodes: int = 2
     cpu_nodes: int = 1
     with_kubelet: bool = True
-    # The second octet of the pod CIDR; the kubelet maps pod IP 10.X.N.K to 127.X.N.K.
-    pod_cidr_octet: int = 244
+    # The second octet of the pod CIDR; the kubelet maps pod IP 10.X.N.K to 127.X.N.K, so two
+    # clusters running at once must differ here. None: claim a free one (see claim_octet).
+    pod_cidr_octet: int | None = None
     pids: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -138,6 +139,10 @@ class LocalCluster:
         token = secrets.token_hex(16)
         (self.directory / "tokens.csv").write_text(f'{token},admin,admin-uid,"system:masters"\n')
         ports = {name: free_port() for name in ("etcd", "etcd-peer", "apiserver", "kcm", "sched")}
+        if self.pod_cidr_octet is None:
+            self.pod_cidr_octet = claim_octet(self.directory)
+        octet = self.pod_cidr_octet
+        log(f"pod IPs from 127.{octet}.0.0/16 (pod CIDR 10.{octet}.0.0/16 mapped into 127/8)")
         try:
             self._start_all(bin_dir, pki, token, ports)
         except BaseException:
@@ -290,6 +295,7 @@ class LocalCluster:
         self.pids.clear()
         if self.state_path.exists():
             self.state_path.unlink()
+        release_octet(self.directory)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
@@ -341,6 +347,70 @@ class ApiClient:
         return count
 
 
-def random_pod_cidr_octet() -> int:
-    """A second octet for test clusters, away from 244 (the default of `make cluster-up`)."""
-    return random.randint(100, 239)
+OCTETS_DIR = Path(os.environ.get("PDWARDEN_CACHE", Path.home() / ".cache" / "pdwarden")) / "octets"
+OCTET_RANGE = range(100, 250)
+
+
+def _octet_owner_alive(lock: Path) -> bool:
+    """A claim is live while the cluster that made it still has its state file and processes."""
+    try:
+        directory = Path(lock.read_text().strip())
+    except OSError:
+        return False
+    state = directory / STATE_FILE
+    if not state.exists():
+        return False
+    try:
+        pids = json.loads(state.read_text()).get("pids", {})
+    except ValueError:
+        return False
+    return any(pid_alive(pid) for pid in pids.values())
+
+
+def octets_in_use() -> set[int]:
+    """Second octets of 127.X.y.z addresses that local sockets are bound to right now."""
+    used = set()
+    for table in ("/proc/net/tcp", "/proc/net/udp"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            addr = line.split()[1].split(":")[0]  # little-endian hex IPv4
+            if len(addr) == 8 and int(addr[6:8], 16) == 127:
+                used.add(int(addr[4:6], 16))
+    return used
+
+
+def claim_octet(directory: Path) -> int:
+    """Claim a pod-CIDR octet no other running local cluster uses (244 first, then random)."""
+    OCTETS_DIR.mkdir(parents=True, exist_ok=True)
+    candidates = [244, *random.sample(list(OCTET_RANGE), len(OCTET_RANGE))]
+    busy = octets_in_use()
+    for octet in candidates:
+        lock = OCTETS_DIR / str(octet)
+        if octet in busy or (lock.exists() and _octet_owner_alive(lock)):
+            continue
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            lock.unlink(missing_ok=True)  # stale claim: its cluster is gone
+            try:
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                continue
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(directory))
+        return octet
+    raise ClusterError("every pod-CIDR octet is claimed by a running local cluster")
+
+
+def release_octet(directory: Path) -> None:
+    if not OCTETS_DIR.is_dir():
+        return
+    for lock in OCTETS_DIR.iterdir():
+        try:
+            if Path(lock.read_text().strip()) == directory:
+                lock.unlink(missing_ok=True)
+        except OSError:
+            continue
