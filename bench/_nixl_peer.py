@@ -1,0 +1,158 @@
+"""Two-process NIXL peers for the KV transfer benchmark (a target and an initiator).
+
+Why a separate process per side: the benchmark compares transfers between two processes, as
+prefill and decode are, and UCX reads its transport settings (UCX_TLS) once per process. The
+target registers a buffer, publishes its NIXL metadata and drains notifications the way decode's
+pump does; the initiator answers timing requests on stdin, one JSON line each (answers are
+stdout lines prefixed `BENCH `, since NIXL itself may print there too):
+
+* `raw`: one NIXL WRITE of the whole buffer (one descriptor) with a notification, busy-polled;
+  the best this NIXL/UCX setup can do.
+* `transport`: the same bytes through pdworker's own `NixlTransport` (prepared page descriptor
+  lists, one WRITE per chunk of `--chunk-pages` pages, its polling and deadlines), chunk after
+  chunk as one of prefill's transfer threads moves one room, then the final notification.
+* `memcpy`: torch `copy_` of the same bytes inside the initiator (the memory bound).
+
+Network: the metadata goes through a file; UCX is kept on loopback (UCX_NET_DEVICES=lo) exactly
+as pdworker does for a loopback host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("UCX_NET_DEVICES", "lo")
+
+import torch
+from nixl_cu12._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
+
+
+def _agent(name: str) -> Any:
+    config = nixl_agent_config(
+        backends=["UCX"], sync_mode=nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT, num_threads=0
+    )
+    return nixl_agent(name, config)
+
+
+def target(args: argparse.Namespace) -> None:
+    name = f"bench-target-{os.getpid()}"
+    agent = _agent(name)
+    buf = torch.zeros(args.size, dtype=torch.uint8)
+    agent.register_memory(buf)
+    meta = {
+        "agent": name,
+        "metadata": base64.b64encode(bytes(agent.get_agent_metadata())).decode(),
+        "addr": int(buf.data_ptr()),
+        "size": args.size,
+    }
+    tmp = Path(str(args.meta) + ".tmp")
+    tmp.write_text(json.dumps(meta))
+    tmp.rename(args.meta)
+    done = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+    while not done.wait(0.005):  # decode's pump interval
+        agent.get_new_notifs()
+
+
+class Initiator:
+    def __init__(self, args: argparse.Namespace) -> None:
+        meta = json.loads(Path(args.meta).read_text())
+        self.remote_name = meta["agent"]
+        self.remote_addr = int(meta["addr"])
+        metadata = base64.b64decode(meta["metadata"])
+        self.page_bytes = args.page_bytes
+        self.chunk_pages = args.chunk_pages
+        gen = torch.Generator().manual_seed(1)
+        self.src = torch.randint(0, 256, (args.size,), dtype=torch.uint8, generator=gen)
+        self.raw = _agent(f"bench-raw-{os.getpid()}")
+        self.raw.register_memory(self.src)
+        self.raw.add_remote_agent(metadata)
+        self.transport = None
+        self.dst = None
+        if args.transport:
+            from pdworker.transfer import NixlTransport
+
+            npages = args.size // self.page_bytes
+            base = int(self.src.data_ptr())
+            descs = [(base + i * self.page_bytes, self.page_bytes, 0) for i in range(npages)]
+            self.transport = NixlTransport(f"bench-pdw-{os.getpid()}", self.src, descs, "DRAM")
+            remote = [(self.remote_addr + i * self.page_bytes, self.page_bytes, 0)
+                      for i in range(npages)]  # fmt: skip
+            self.transport.add_peer(self.remote_name, metadata, remote, "DRAM")
+        if args.memcpy:
+            self.dst = torch.empty_like(self.src)
+            self.dst.copy_(self.src)  # touch the pages once
+
+    def run_raw(self, nbytes: int) -> float:
+        agent = self.raw
+        local = agent.get_xfer_descs([(int(self.src.data_ptr()), nbytes, 0)], "DRAM")
+        remote = agent.get_xfer_descs([(self.remote_addr, nbytes, 0)], "DRAM")
+        t0 = time.perf_counter()
+        handle = agent.initialize_xfer("WRITE", local, remote, self.remote_name, b"raw")
+        state = agent.transfer(handle)
+        while state == "PROC":
+            state = agent.check_xfer_state(handle)
+        elapsed = time.perf_counter() - t0
+        agent.release_xfer_handle(handle)
+        if state != "DONE":
+            raise RuntimeError(f"raw NIXL WRITE ended in {state}")
+        return elapsed
+
+    def run_transport(self, nbytes: int) -> float:
+        assert self.transport is not None, "start the initiator with --transport"
+        pages = list(range(nbytes // self.page_bytes))
+        step = self.chunk_pages
+        t0 = time.perf_counter()
+        for index, i in enumerate(range(0, len(pages), step)):
+            chunk = pages[i : i + step]
+            self.transport.write(self.remote_name, chunk, chunk, f"kv:1:{index}".encode(), 30.0)
+        self.transport.notify(self.remote_name, b"meta:1")
+        return time.perf_counter() - t0
+
+    def run_memcpy(self, nbytes: int) -> float:
+        assert self.dst is not None, "start the initiator with --memcpy"
+        t0 = time.perf_counter()
+        self.dst[:nbytes].copy_(self.src[:nbytes])
+        return time.perf_counter() - t0
+
+
+def initiator(args: argparse.Namespace) -> None:
+    peer = Initiator(args)
+    ops = {"raw": peer.run_raw, "transport": peer.run_transport, "memcpy": peer.run_memcpy}
+    print("BENCH " + json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            answer: dict[str, Any] = {"seconds": ops[req["op"]](int(req["bytes"]))}
+        except Exception as exc:  # report, keep serving
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        print("BENCH " + json.dumps(answer), flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("role", choices=["target", "initiator"])
+    p.add_argument("--size", type=int, required=True, help="buffer bytes")
+    p.add_argument("--meta", type=Path, required=True, help="target metadata file")
+    p.add_argument("--page-bytes", type=int, default=512 * 1024)
+    p.add_argument("--chunk-pages", type=int, default=4)
+    p.add_argument("--transport", action="store_true")
+    p.add_argument("--memcpy", action="store_true")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    if args.role == "target":
+        target(args)
+    else:
+        initiator(args)
+
+
+if __name__ == "__main__":
+    main()

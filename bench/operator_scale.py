@@ -1,0 +1,197 @@
+"""Operator cost per scrape cycle at 100-2000 worker pods (quick: 50).
+
+How: a metrics simulator process (`bench._metrics_sim`) serves pdworker's real /metrics text on
+one 127.20.x.y address per fake pod (loopback only; one third prefill pods that also answer
+/admin/rooms). This process then runs the operator's cycle core over N targets exactly as
+`Remediator.cycle` does it between its Kubernetes calls: `WorkerClient.scrape` (bounded
+concurrency, deadlines, parsing with prometheus-client), the per-pod sample history,
+`detection.detect` and `remediation.plan`. Per cycle: CPU seconds of this process
+(`time.process_time`, user + system, all threads), wall time, and RSS afterwards. The Kubernetes
+list call (one per deployment per cycle) is not included; kwok was not used because kwok pods
+get pod IPs from the node podCIDR (10.x), which must not be scraped here.
+
+Target: 1000 pods at a 5 s interval on well under one core (cpu_per_cycle / 5 s << 1) and
+under 300 MB RSS. A cProfile of one cycle at the largest size gives the hot spots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import cProfile
+import io
+import json
+import pstats
+import resource
+import subprocess
+import sys
+import time
+from collections import deque
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench import common
+from bench._metrics_sim import pod_ip, role_of
+from pdwarden.api import RemediationSpec
+from pdwarden.detection import PodView, detect
+from pdwarden.remediation import DecodePod, plan
+from pdwarden.samples import Sample
+from pdwarden.scraping import Target, WorkerClient
+
+INTERVAL = 5.0
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Cycle:
+    def __init__(self, n: int, port: int) -> None:
+        self.spec = RemediationSpec()
+        self.targets = [
+            Target(pod=f"pod-{i}", uid=f"uid-{i}", role=role_of(i), ip=pod_ip(i), port=port,
+                   rooms=role_of(i) == "prefill")
+            for i in range(n)
+        ]  # fmt: skip
+        self.history: dict[str, deque[Sample]] = {t.uid: deque() for t in self.targets}
+        self.client = WorkerClient()
+        self.errors = 0
+
+    async def once(self) -> None:
+        results = await self.client.scrape(self.targets, common.TOKEN)
+        keep = self.spec.wedge_after_seconds + 3 * self.spec.scrape_interval_seconds
+        views, decodes = [], []
+        for r in results:
+            t = r.target
+            h = self.history[t.uid]
+            if r.sample is not None:
+                h.append(r.sample)
+                while r.sample.at - h[0].at > keep:
+                    h.popleft()
+            else:
+                self.errors += 1
+            views.append(PodView(name=t.pod, role=t.role, uid=t.uid, history=tuple(h),
+                                 rooms=r.rooms, stale=r.sample is None, error=r.error))  # fmt: skip
+            if t.role == "decode":
+                decodes.append(DecodePod(t.pod, t.uid, ready=r.sample is not None))
+        detection = detect(views, self.spec.wedge_after_seconds)
+        plan(self.spec, detection, decodes, [], datetime.now(UTC), decode_replicas=len(decodes))
+
+
+async def measure(n: int, port: int, cycles: int, profile: bool) -> dict[str, Any]:
+    cycle = Cycle(n, port)
+    await cycle.once()  # warm-up: connections, imports
+    cpu, wall = [], []
+    for _ in range(cycles):
+        c0, w0 = time.process_time(), time.perf_counter()
+        await cycle.once()
+        cpu.append(time.process_time() - c0)
+        wall.append(time.perf_counter() - w0)
+    hot: list[str] = []
+    if profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        await cycle.once()
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(15)
+        hot = [ln.rstrip() for ln in buf.getvalue().splitlines() if ln.strip()][-16:]
+    rss = rss_mb()
+    await cycle.client.close()
+    cpu_med = common.stats(cpu)["median"]
+    return {
+        "pods": n,
+        "cpu_seconds_per_cycle": common.stats(cpu),
+        "cpu_ms_per_pod": cpu_med / n * 1000,
+        "wall_seconds_per_cycle": common.stats(wall),
+        "cores_at_5s_interval": cpu_med / INTERVAL,
+        "rss_mb_after": rss,
+        "scrape_errors": cycle.errors,
+        "profile_top_tottime": hot,
+    }
+
+
+def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
+    sizes = [50] if quick else [100, 500, 1000, 2000]
+    cycles = 2 if quick else 4
+    port = common.free_port()
+    started = time.monotonic()
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "bench._metrics_sim", "--pods", str(max(sizes)), "--port",
+         str(port)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert sim.stdout is not None
+        if sim.stdout.readline().strip() != "ready":
+            raise RuntimeError("metrics simulator did not start")
+        rows = [asyncio.run(measure(n, port, cycles, n == max(sizes))) for n in sizes]
+    finally:
+        if sim.stdin:
+            sim.stdin.close()
+        try:
+            sim.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            sim.kill()
+            sim.wait()
+    at = {r["pods"]: r for r in rows}
+    key = 1000 if 1000 in at else max(at)
+    k = at[key]
+    data = {
+        "interval_seconds": INTERVAL,
+        "cycles": cycles,
+        "results": rows,
+        "target_1000_pods": {
+            "pods": key,
+            "cores": k["cores_at_5s_interval"],
+            "rss_mb": k["rss_mb_after"],
+            "met": k["cores_at_5s_interval"] < 0.5 and k["rss_mb_after"] < 300,
+        },
+        "wall_seconds": round(time.monotonic() - started, 1),
+        "notes": ["cycle = scrape + parse + history + detect + plan; no Kubernetes list call",
+                  "kwok not used: its pod IPs are 10.x (node podCIDR), not loopback"],
+    }  # fmt: skip
+    figures = "; ".join(
+        f"{r['pods']} pods: {r['cpu_seconds_per_cycle']['median']:.2f} CPU s/cycle "
+        f"({r['cpu_ms_per_pod']:.2f} ms/pod, {r['cores_at_5s_interval']:.2f} core at 5 s), "
+        f"wall {r['wall_seconds_per_cycle']['median']:.2f} s, RSS {r['rss_mb_after']:.0f} MB"
+        for r in rows
+        if r["pods"] in (key, max(at))
+    )
+    _plot(common.plot_path(out, "operator_scale", quick), rows)
+    common.write_result(out, "operator_scale", data, quick, readme, figures)
+    return data
+
+
+def _plot(path: Path, rows: list[dict[str, Any]]) -> None:
+    plt = common.pyplot()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(8.5, 3.6), dpi=90)
+    pods = [r["pods"] for r in rows]
+    a1.plot(pods, [r["cpu_seconds_per_cycle"]["median"] for r in rows], "o-", label="CPU s")
+    a1.plot(pods, [r["wall_seconds_per_cycle"]["median"] for r in rows], "s--", label="wall s")
+    a1.axhline(INTERVAL, color="gray", lw=0.8, ls=":", label="5 s interval")
+    a1.set_xlabel("worker pods")
+    a1.set_ylabel("seconds per scrape cycle")
+    a1.legend(fontsize=7)
+    a2.plot(pods, [r["rss_mb_after"] for r in rows], "o-")
+    a2.set_xlabel("worker pods")
+    a2.set_ylabel("RSS (MB)")
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+    fig.suptitle(f"operator cost per cycle, {common.machine_note()}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = common.parse_args(__doc__ or "", argv)
+    data = run(args.quick, args.out, args.readme)
+    print(json.dumps(data, indent=1)[:5000])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Every benchmark's quick mode runs and writes sane results, so the benchmark code cannot rot.
+
+The five quick runs start together (each is its own process with its own loopback workers) to
+keep the wall time low on two cores; the tests then check each one's JSON and PNG. Nothing here
+asserts a timing: only that the numbers exist, are finite and positive, and that invariants the
+benchmarks exist to show hold (no leaked rooms after the abort storm).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.nixl]
+ROOT = Path(__file__).resolve().parents[2]
+NAMES = ("kv_transfer", "request_path", "abort_storm", "recovery", "operator_scale")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench")
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", f"bench.{name}", "--quick", "--out", str(out)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name in NAMES
+    }
+    got: dict[str, Any] = {}
+    for name, proc in procs.items():
+        output, _ = proc.communicate(timeout=300)
+        path = out / f"{name}-quick.json"
+        got[name] = {
+            "rc": proc.returncode,
+            "output": output[-3000:],
+            "data": json.loads(path.read_text()) if path.exists() else None,
+            "png": (out / f"{name}-quick.png").stat().st_size if path.exists() else 0,
+        }
+    return got
+
+
+def ok(x: Any) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x) and x > 0
+
+
+def check(results: dict[str, Any], name: str) -> dict[str, Any]:
+    r = results[name]
+    assert r["rc"] == 0, r["output"]
+    data = r["data"]
+    assert data and data["benchmark"] == name and data["mode"] == "quick", r["output"]
+    assert r["png"] > 1000
+    assert data["summary"] and data["date"] and data["machine"]
+    return data
+
+
+def test_kv_transfer(results: dict[str, Any]) -> None:
+    data = check(results, "kv_transfer")
+    assert data["sizes_mib"] == [1, 4]
+    for method in ("pdworker_e2e", "pdworker_transport", "raw_nixl[default]", "memcpy"):
+        for size in ("1", "4"):
+            s = data["gbps"][method][size]
+            assert s["n"] == data["repetitions"] and s["min"] <= s["median"] <= s["max"]
+            assert ok(s["min"]), (method, size, s)
+    for ratio in ("pdworker_e2e/raw_nixl", "pdworker_transport/raw_nixl", "raw_nixl/memcpy"):
+        assert all(ok(v) for v in data["ratios"][ratio].values())
+    assert data["recommended_ucx"] in data["ucx_mean_raw_gbps"]
+
+
+def test_request_path(results: dict[str, Any]) -> None:
+    data = check(results, "request_path")
+    for kv in ("small", "large"):
+        for c in data["concurrency"]:
+            row = data["results"][f"{kv}/c{c}"]
+            for key in ("requests_per_s", "p50_s", "p99_s", "prefill_kv_transfer_mean_s"):
+                assert ok(row[key]["median"]), (kv, c, key, row[key])
+            assert row["p50_s"]["median"] <= row["p99_s"]["median"]
+
+
+def test_abort_storm(results: dict[str, Any]) -> None:
+    data = check(results, "abort_storm")
+    assert ok(data["throughput_requests_per_s"]) and data["load"]["cancelled"] > 0
+    assert data["leaked_rooms"] == 0 and data["leak_free"], data["after"]
+    assert data["unexpected_failures"] == {}
+
+
+def test_recovery(results: dict[str, Any]) -> None:
+    data = check(results, "recovery")
+    sc = data["scenarios"]["aggressive"]
+    sd = sc["stalled_decode"]
+    assert ok(sd["onset_to_rooms_drained_seconds"])
+    assert sd["onset_to_pool_whole_seconds"] >= sd["onset_to_rooms_drained_seconds"] - 1
+    kinds = [a["action"] for a in sd["actions"]]
+    assert "CordonDecode" in kinds and "RestartDecode" in kinds
+    assert "abort_race" in sc and data["without_pdwarden"]["abort_race_seconds"] is None
+
+
+def test_operator_scale(results: dict[str, Any]) -> None:
+    data = check(results, "operator_scale")
+    (row,) = data["results"]
+    assert row["pods"] == 50 and row["scrape_errors"] == 0
+    for key in ("cpu_seconds_per_cycle", "wall_seconds_per_cycle"):
+        assert ok(row[key]["median"])
+    assert ok(row["rss_mb_after"]) and row["profile_top_tottime"]
