@@ -226,6 +226,7 @@ class Remediator:
             rem, detection, decodes, remediation.history, now,
             decode_replicas=spec.decode.replicas, breaker_reset_at=reset_at,
         )  # fmt: skip
+        await self._announce_new_wedges(body, mem, detection, now)
         ledger = await self._execute(
             body=body, owner=owner, decision=decision, targets=targets, token=token, now=now
         )
@@ -233,7 +234,6 @@ class Remediator:
             body=body, spec=spec, previous=previous, detection=detection, decision=decision,
             ledger=ledger, decodes=decodes, now=now, reset_at=reset_at,
         )  # fmt: skip
-        await self._announce_new_wedges(body, mem, detection, now)
         if reset_at and ANNOTATION_RESET_BREAKER in (meta.get("annotations") or {}):
             await self.client.patch_metadata(
                 body["apiVersion"], body["kind"], owner.namespace, owner.name,
