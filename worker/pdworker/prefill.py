@@ -31,6 +31,7 @@ from pdworker.rooms import Peer, RoomRejected, RoomTable
 from pdworker.server import BadRequest, FailSelector, error, parse_room, read_json, wait_until
 from pdworker.transfer import TransferError, Transport
 
+IDLE_POLL_S = 0.05
 log = logging.getLogger(__name__)
 mono = time.monotonic
 
@@ -346,7 +347,8 @@ class PrefillWorker:
                 self._settle(now)
             except Exception:
                 log.exception("settle loop")
-            await asyncio.sleep(self.cfg.poll_interval)
+            # Poll fast only while rooms are live: an idle worker must not burn a core's share.
+            await asyncio.sleep(self.cfg.poll_interval if len(self.table) else IDLE_POLL_S)
 
     def _settle(self, now: float) -> None:
         for entry in self.table.snapshot():
