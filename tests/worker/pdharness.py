@@ -26,12 +26,13 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 TOKEN = "test-admin-token"
-# Small KV so the suite fits on two busy cores; short deadlines so failure paths are quick.
+# Small KV so the suite fits on two busy cores. Deadlines are short where a test is about a
+# deadline (it sets its own) and otherwise long enough that a starved CI box does not hit them.
 SMALL = [
     "--layers", "2", "--heads", "2", "--head-dim", "16", "--page-size", "4",
     "--vocab", "1024", "--kv-pages", "1024", "--chunk-pages", "2", "--transfer-threads", "2",
     "--heartbeat-interval", "0.5", "--heartbeat-failures", "3", "--peer-timeout", "3",
-    "--bootstrap-timeout", "5", "--waiting-timeout", "8", "--inflight-timeout", "8",
+    "--bootstrap-timeout", "20", "--waiting-timeout", "20", "--inflight-timeout", "20",
     "--transfer-timeout", "3", "--abort-ack-timeout", "3",
 ]  # fmt: skip
 

@@ -16,7 +16,9 @@ PEER_TIMEOUT = 3.0  # conftest SMALL: --peer-timeout 3, heartbeats every 0.5 s
 
 def test_kill_decode_mid_transfer_then_restart(pd: PD) -> None:
     # A slow forward (50 ms per page) keeps rooms bound to decode for about a second each.
-    prefill, decode, router = pd.trio("--prefill-chunk-ms", "50", "--chunk-pages", "1")
+    prefill, decode, router = pd.trio(
+        "--prefill-chunk-ms", "50", "--chunk-pages", "1", "--bootstrap-timeout", "5"
+    )  # fmt: skip
     old = scrape(decode.url)
     old_incarnation = next(
         dict(k[1])["incarnation"] for k in old if k[0] == "pdworker_incarnation_info"

@@ -19,6 +19,7 @@ STORM = ["--clients", "30", "--cancel-fraction", "0.3", "--prompt-len", "4:64",
          "--output-len", "1:8", "--seed", "7"]  # fmt: skip
 # A slower forward (chunks of one page, 3 ms each) so cancellations land mid-prefill too.
 SLOW_FORWARD = ("--prefill-chunk-ms", "3", "--chunk-pages", "1")
+PATIENT = ("--waiting-timeout", "120", "--inflight-timeout", "120", "--bootstrap-timeout", "120")
 
 
 def failures(url: str) -> dict[str, float]:
@@ -28,12 +29,14 @@ def failures(url: str) -> dict[str, float]:
 
 def assert_clean(pd: PD, *procs) -> None:
     for proc in procs:
-        wait_clean(pd, proc)
+        wait_clean(pd, proc, timeout=40)
         assert metric(scrape(proc.url), "pdworker_kv_checksum_mismatch_total") == 0
 
 
 def test_abort_storm_leaves_nothing_behind(pd: PD) -> None:
-    prefill, decode, router = pd.trio("--chunk-pages", "1")
+    # Generous deadlines: this test is about aborts, and a starved CI box must not turn slow
+    # transfers into timeouts.
+    prefill, decode, router = pd.trio("--chunk-pages", "1", *PATIENT, decode_extra=PATIENT)
     summary = pd.load(router, *STORM, "--requests", "3000", "--cancel-max-ms", "150")
     assert summary["requests"] == 3000
     assert summary["cancelled"] > 600, summary
@@ -49,7 +52,11 @@ def test_abort_storm_leaves_nothing_behind(pd: PD) -> None:
 
 def test_legacy_status_race_without_watchdog_wedges_prefill(pd: PD) -> None:
     prefill, decode, router = pd.trio(
-        *SLOW_FORWARD, "--fault", "legacy-status-race,no-inflight-watchdog"
+        *SLOW_FORWARD,
+        *PATIENT,
+        "--fault",
+        "legacy-status-race,no-inflight-watchdog",
+        decode_extra=PATIENT,
     )
     summary = pd.load(router, *STORM, "--requests", "1200", "--cancel-max-ms", "150")
     assert summary["cancelled"] > 200, summary
@@ -90,6 +97,6 @@ def test_legacy_status_race_with_watchdog_recovers(pd: PD) -> None:
     assert summary["cancelled"] > 200, summary
     started = time.monotonic()
     assert_clean(pd, prefill, decode)
-    assert time.monotonic() - started < inflight_timeout + 12
+    assert time.monotonic() - started < inflight_timeout + 40
     failed = failures(prefill.url)
     assert failed["inflight_timeout"] > 0, failed  # rooms did wedge, and the watchdog cleared them

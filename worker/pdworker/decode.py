@@ -11,20 +11,19 @@ notifications and decoding, while /healthz keeps answering 200, as a wedged engi
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from pdworker.config import WorkerConfig, parse_ids, parse_positive_int
 from pdworker.contract import FAILURE_REASONS, KVPoll
 from pdworker.metrics import WorkerMetrics
 from pdworker.model import KVPool, TinyModel, kv_checksum
+from pdworker.prefill_link import PeerError, PrefillLinks
 from pdworker.rooms import Peer, RoomRejected, RoomTable
 from pdworker.server import BadRequest, FailSelector, error, parse_room, read_json, wait_until
 from pdworker.transfer import Transport
@@ -32,26 +31,6 @@ from pdworker.transfer import Transport
 log = logging.getLogger(__name__)
 mono = time.monotonic
 MAX_NEW_TOKENS = 4096
-
-
-class PeerError(Exception):
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
-
-
-@dataclass
-class PrefillLink:
-    """What this decode knows about one prefill bootstrap endpoint."""
-
-    address: str
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    registered: bool = False
-    incarnation: str = ""
-    agent: str = ""
-    pod: str = ""
-    failures: int = 0
 
 
 @dataclass
@@ -86,10 +65,9 @@ class DecodeWorker:
         }
         self.table = RoomTable("decode", deadlines=deadlines, legacy=cfg.faults.legacy_status_race)
         self.metrics = WorkerMetrics("decode", cfg.incarnation, self.table, pool.pages)
-        self.links: dict[str, PrefillLink] = {}
+        self.links = PrefillLinks(cfg, transport, pool, self._rooms_lost)
         self.work: dict[int, DecodeWork] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
-        self.session: aiohttp.ClientSession | None = None
         self.unstalled = asyncio.Event()
         self.unstalled.set()
         self.requests_seen = 0
@@ -98,10 +76,10 @@ class DecodeWorker:
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        await self.links.start()
         self._spawn(self._pump_loop())
         self._spawn(self._watchdog_loop())
-        self._spawn(self._heartbeat_loop())
+        self._spawn(self.links.heartbeat_loop())
         self.started = True
 
     async def stop(self) -> None:
@@ -114,8 +92,7 @@ class DecodeWorker:
         )
         for task in self.tasks:
             task.cancel()
-        if self.session is not None:
-            await self.session.close()
+        await self.links.close()
         self.transport.close()
 
     def ready(self) -> bool:
@@ -190,7 +167,7 @@ class DecodeWorker:
         # decode-stall does not block admission: rooms register with prefill, the KV lands, and
         # then nothing consumes it, so they pile up in the transfer queue (the wedge signature).
         try:
-            link = await self._ensure_link(work.link)
+            link = await self.links.ensure(work.link)
         except PeerError as exc:
             self._fail(room, exc.reason, exc.detail)
             return self._failure(room)
@@ -208,7 +185,7 @@ class DecodeWorker:
             return self._failure(room)
         work.registered = True
         try:
-            await self._register_room(link, room, pages)
+            await self.links.register_room(link, room, pages)
         except PeerError as exc:
             work.prefill_knows = exc.reason != "transfer_error"
             self._fail(room, exc.reason, exc.detail)
@@ -252,7 +229,7 @@ class DecodeWorker:
         entry = self.table.get(room)
         if entry is not None and entry.status == KVPoll.Failed:
             if work.registered and not work.prefill_knows:
-                await self._send_abort(work.link, room)
+                await self.links.send_abort(work.link, room)
             self.metrics.failed.labels(reason=entry.reason or "aborted").inc()
         elif not work.finished:
             self.metrics.failed.labels(reason="aborted").inc()  # cancelled while decoding
@@ -260,124 +237,12 @@ class DecodeWorker:
         self.table.clear(room)
         self.work.pop(room, None)
 
-    # -- talking to prefill --------------------------------------------------------------
-    async def _post(
-        self, address: str, path: str, body: dict[str, Any], limit_s: float
-    ) -> tuple[int, Any]:
-        assert self.session is not None
-        async with self.session.post(
-            f"http://{address}{path}", json=body, timeout=aiohttp.ClientTimeout(total=limit_s)
-        ) as resp:
-            try:
-                data = await resp.json(content_type=None)
-            except ValueError:
-                data = {}
-            return resp.status, data
-
-    async def _ensure_link(self, address: str) -> PrefillLink:
-        link = self.links.setdefault(address, PrefillLink(address))
-        async with link.lock:
-            if link.registered:
-                return link
-            assert self.session is not None
-            try:
-                async with self.session.get(
-                    f"http://{address}/bootstrap/info", timeout=aiohttp.ClientTimeout(total=5)
-                ) as resp:
-                    info = await resp.json()
-                if info.get("layout") != self.cfg.model.layout():
-                    raise PeerError("transfer_error", f"KV layout mismatch with prefill {address}")
-                body = {
-                    "agent": self.transport.name,
-                    "pod": self.cfg.pod,
-                    "address": self.cfg.address,
-                    "incarnation": self.cfg.incarnation,
-                    "metadata": base64.b64encode(self.transport.metadata()).decode(),
-                    "layout": self.cfg.model.layout(),
-                    "pool": {
-                        "base_addr": self.pool.base_addr,
-                        "page_bytes": self.cfg.model.page_bytes,
-                        "num_pages": self.pool.num_pages,
-                        "device_id": self.pool.device_id,
-                        "mem_type": self.pool.mem_type,
-                    },
-                }
-                status, data = await self._post(address, "/bootstrap/peer", body, 10)
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                raise PeerError("peer_lost", f"prefill {address} unreachable: {exc!r}") from exc
-            if status != 200:
-                raise PeerError("transfer_error", f"prefill {address} refused registration: {data}")
-            link.registered = True
-            link.incarnation = str(info.get("incarnation", ""))
-            link.agent = str(info.get("agent", ""))
-            link.pod = str(info.get("pod", ""))
-            link.failures = 0
-            return link
-
-    async def _register_room(self, link: PrefillLink, room: int, pages: list[int]) -> None:
-        body = {"room": room, "agent": self.transport.name, "pages": pages}
-        for attempt in range(2):
-            try:
-                status, data = await self._post(link.address, "/bootstrap/room", body, 5)
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                raise PeerError(
-                    "peer_lost", f"prefill {link.address} unreachable: {exc!r}"
-                ) from exc
-            if status == 200:
-                return
-            if status == 409 and data.get("reason") == "peer_lost" and attempt == 0:
-                self._link_lost(link, "prefill does not know this decode")
-                link = await self._ensure_link(link.address)
-                continue
-            reason = (
-                data.get("reason") if data.get("reason") in FAILURE_REASONS else "transfer_error"
-            )
-            raise PeerError(reason, f"prefill refused room: {data.get('error', status)}")
-
-    async def _send_abort(self, address: str, room: int) -> None:
-        """ABORT to prefill; returns once prefill acknowledged (its writes drained) or timed out."""
-        try:
-            await self._post(
-                address,
-                "/bootstrap/abort",
-                {"room": room, "agent": self.transport.name},
-                self.cfg.abort_ack_timeout,
-            )
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            log.info("abort of room %d not acknowledged by %s: %r", room, address, exc)
-
-    def _link_lost(self, link: PrefillLink, why: str) -> None:
-        link.registered = False
+    def _rooms_lost(self, address: str, why: str) -> None:
+        """A prefill is gone (or forgot us): fail every room bound to it, no ABORT needed."""
         for room, work in list(self.work.items()):
-            if work.link == link.address and work.registered:
+            if work.link == address and work.registered:
                 work.prefill_knows = True
-                self._fail(room, "peer_lost", f"prefill {link.address} lost: {why}")
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.cfg.heartbeat_interval)
-            for link in list(self.links.values()):
-                if not link.registered:
-                    continue
-                try:
-                    status, data = await self._post(
-                        link.address,
-                        "/bootstrap/heartbeat",
-                        {"agent": self.transport.name},
-                        min(3.0, self.cfg.heartbeat_interval * 2),
-                    )
-                    if status != 200:
-                        raise PeerError("peer_lost", f"heartbeat answered {status}")
-                except (aiohttp.ClientError, TimeoutError, PeerError) as exc:
-                    link.failures += 1
-                    if link.failures >= self.cfg.heartbeat_failures:
-                        self._link_lost(link, f"{link.failures} heartbeats failed ({exc!r})")
-                    continue
-                link.failures = 0
-                if data.get("incarnation") != link.incarnation:
-                    self._link_lost(link, "prefill restarted (new incarnation)")
-                elif not data.get("known"):
-                    self._link_lost(link, "prefill dropped this decode")
+                self._fail(room, "peer_lost", f"prefill {address} lost: {why}")
 
     # -- notifications and deadlines -----------------------------------------------------
     async def _pump_loop(self) -> None:
