@@ -12,17 +12,6 @@ from pdwarden import run as run_module
 Command = Callable[[argparse.Namespace], int]
 
 
-def _not_built(what: str, issue: str) -> Command:
-    def run(_: argparse.Namespace) -> int:
-        print(
-            f"pdwarden: '{what}' is not built yet ({issue}); nothing was done.",
-            file=sys.stderr,
-        )
-        return 2
-
-    return run
-
-
 def _print_crd(_: argparse.Namespace) -> int:
     from pdwarden.api.crd import render_crd_yaml
 
@@ -46,6 +35,24 @@ def _status(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(format_status(obj, now=datetime.now(UTC)))
     return 0
+
+
+def _demo(_: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    # The demo drives the repository's local control plane (e2e/), which is not installed.
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "e2e" / "demo.py").is_file():
+        print(
+            "pdwarden demo: the demo needs a source checkout (it starts the repository's local "
+            "Kubernetes from e2e/); clone the repository and run `make demo` there.",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"pdwarden demo: running `python -m e2e.demo` in {root}", file=sys.stderr, flush=True)
+    os.chdir(root)
+    os.execv(sys.executable, [sys.executable, "-m", "e2e.demo"])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.set_defaults(func=_status)
 
     demo = sub.add_parser("demo", help="run the end-to-end wedge-and-repair demo")
-    demo.set_defaults(func=_not_built("pdwarden demo", "the demo issue"))
+    demo.set_defaults(func=_demo)
     return parser
 
 

@@ -1,0 +1,66 @@
+"""`make demo` end to end on the session's cluster, and `pdwarden demo` handing over to it.
+
+The demo runs as its users run it (`python -m e2e.demo`, a subprocess) with KUBECONFIG pointing
+at the session cluster, so it installs the chart and its PDDeployment in its own namespace and
+must leave that namespace gone when it exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from e2e.fixtures import Cluster
+
+from pdwarden import cli
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_demo_wedges_repairs_and_reports(cluster: Cluster, tmp_path: Path) -> None:
+    out = tmp_path / "demo-output"
+    env = {k: v for k, v in cluster.env.items() if k != "PDWARDEN_DEMO_KEEP"}
+    run = subprocess.run(
+        [sys.executable, "-m", "e2e.demo", "--output", str(out)],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=840, check=False,
+    )  # fmt: skip
+    log = run.stdout[-6000:] + run.stderr[-3000:]
+    assert run.returncode == 0, log
+    assert "KUBECONFIG is set" in run.stdout
+
+    png = (out / "timeline.png").read_bytes()
+    assert png.startswith(PNG_MAGIC) and len(png) > 20_000, len(png)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["recovered"] is True, summary["problems"]
+    actions = summary["actions"]
+    assert actions.get("FailRooms", 0) >= 1, actions
+    assert actions.get("CordonDecode", 0) >= 1 and actions.get("RestartDecode", 0) >= 1, actions
+    assert summary["load"]["completed"] > 0
+    # It cleaned up after itself: its namespace is gone, so it can run again.
+    ns = cluster.kubectl("get", "namespace", "pdwarden-demo", check=False)
+    assert ns.returncode != 0, ns.stdout
+
+
+def test_pdwarden_demo_hands_over_to_the_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, list[str], str]] = []
+
+    class Exec(Exception):
+        pass
+
+    def fake_execv(path: str, argv: list[str]) -> None:
+        calls.append((path, argv, os.getcwd()))
+        raise Exec
+
+    monkeypatch.setattr(os, "execv", fake_execv)
+    monkeypatch.chdir(REPO_ROOT / "tests")
+    with pytest.raises(Exec):
+        cli.main(["demo"])
+    assert calls == [(sys.executable, [sys.executable, "-m", "e2e.demo"], str(REPO_ROOT))]
