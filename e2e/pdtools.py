@@ -69,9 +69,12 @@ def wait_ready(
     cluster: Cluster, ns: str, counts: dict[str, str], timeout: float = 180, name: str = "pd"
 ) -> dict[str, Any]:
     def ready() -> Any:
-        st = status(cluster, ns, name)
+        obj = get_json(cluster, ns, "pdd", name) or {}
+        st = obj.get("status") or {}
         got = {r: (st.get(r) or {}).get("summary") for r in counts}
-        return st.get("phase") == "Ready" and got == counts and st
+        # Ready for the spec as it is now: a status computed from an older generation is stale.
+        current = st.get("observedGeneration") == obj.get("metadata", {}).get("generation")
+        return current and st.get("phase") == "Ready" and got == counts and st
 
     result: dict[str, Any] = cluster.wait_until(f"{name} Ready with {counts}", ready, timeout)
     return result

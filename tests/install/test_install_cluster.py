@@ -75,7 +75,7 @@ def release(cluster: Cluster, crd: str, helm: Helm) -> Iterator[Release]:
     yield rel
     rel.helm.run("uninstall", rel.name, "-n", rel.namespace, env=cluster.env)
     # Without an operator the finalizer would hold the PDDeployment (and the namespace) forever.
-    for pdd in ("pd",):
+    for pdd in ("pd", "st"):
         cluster.kubectl(
             "patch", "pdd", pdd, "-n", rel.watched, "--type=merge",
             "-p", '{"metadata":{"finalizers":null}}', check=False,
@@ -122,6 +122,53 @@ def test_operator_runs_as_its_service_account_and_reconciles_the_cpu_example(
     # The admin Secret was created (create-only RBAC) and nothing else in the namespace is ours.
     secrets = cluster.kubectl("get", "secrets", "-n", release.watched, "-o", "name").stdout
     assert "secret/pd-admin" in secrets.split()
+
+
+def test_remediation_works_under_the_charts_rbac(release: Release, cluster: Cluster) -> None:
+    """A stalled decode pod is cordoned and restarted by the in-cluster operator, using only the
+    chart's RBAC and its derived admin token (it never reads the Secret it created)."""
+    from e2e.pdtools import (
+        admin_token,
+        apply,
+        cpu_example,
+        http,
+        pods,
+        router_url,
+        status,
+        wait_ready,
+    )
+
+    ns = release.watched
+    fast = {"scrapeIntervalSeconds": 1, "wedgeAfterSeconds": 4, "restartAfterSeconds": 5,
+            "cooldownSeconds": 2, "maxUnavailableDecode": 1}  # fmt: skip
+    stall_env = [{"name": "PDWORKER_FAULTS", "value": "decode-stall"}]
+    apply(cluster, ns, cpu_example("st", decode={"replicas": 2, "env": stall_env},
+                                   remediation=fast))  # fmt: skip
+    wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"}, name="st")
+    victim = pods(cluster, ns, "decode", "st")[0]
+    code, body = http(
+        "POST", f"http://{victim['status']['podIP']}:8000/admin/decode-stall", {},
+        admin_token(cluster, ns, "st"),
+    )  # fmt: skip
+    assert code == 200, body
+    url = router_url(cluster, ns, "st")
+    for i in range(16):  # some of these land on the stalled pod and stay there
+        http("POST", url + "/generate", {"text": f"req {i}", "max_new_tokens": 2}, timeout=3)
+
+    def restarted() -> Any:
+        history = (status(cluster, ns, "st").get("remediation") or {}).get("history") or []
+        done = {e["action"]: e for e in history}
+        return "RestartDecode" in done and "CordonDecode" in done and history
+
+    history = cluster.wait_until("cordon and restart under chart RBAC", restarted, 90)
+    assert all(e["outcome"] == "Succeeded" for e in history), history
+    wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"}, name="st")
+    new = next(
+        p
+        for p in pods(cluster, ns, "decode", "st")
+        if p["metadata"]["name"] == victim["metadata"]["name"]
+    )
+    assert new["metadata"]["uid"] != victim["metadata"]["uid"]
 
 
 ALLOWED = [
