@@ -28,7 +28,14 @@ from typing import Any, TypeVar
 
 from e2e.cluster.controlplane import REPO_ROOT
 from e2e.demo_observe import Observer
-from e2e.demo_report import format_table, merge_loads, plot_timeline, worker_failures, write_json
+from e2e.demo_report import (
+    format_table,
+    merge_loads,
+    plot_timeline,
+    worker_failures,
+    write_json,
+    write_samples,
+)
 from e2e.demo_setup import NAMESPACE, Setup, acquire_cluster, install, teardown
 from e2e.pdtools import admin_token, cpu_example, http, router_url, wait_ready
 
@@ -388,11 +395,16 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--output", type=Path, default=REPO_ROOT / "demo-output")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=REPO_ROOT / "demo-output",
+        help="where timeline.png, summary.json and samples.jsonl go (demo-output/)",
+    )
     parser.add_argument(
         "--keep-cluster",
         action="store_true",
-        help="leave a local cluster this demo started running (PDWARDEN_DEMO_KEEP=1)",
+        help="start the local cluster in --cluster-dir and leave it running (PDWARDEN_DEMO_KEEP=1)",
     )
     parser.add_argument(
         "--operator",
@@ -400,7 +412,12 @@ def main(argv: list[str] | None = None) -> int:
         default="helm",
         help="install the operator with the Helm chart (default) or run it here",
     )
-    parser.add_argument("--cluster-dir", type=Path, default=REPO_ROOT / ".cluster")
+    parser.add_argument(
+        "--cluster-dir",
+        type=Path,
+        default=REPO_ROOT / ".cluster",
+        help="a local cluster running from here is reused (default .cluster, as make cluster-up)",
+    )
     args = parser.parse_args(argv)
     keep = args.keep_cluster or os.environ.get("PDWARDEN_DEMO_KEEP") == "1"
     out: Path = args.output.resolve()
@@ -412,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     setup: Setup | None = None
     summary: dict[str, Any] | None = None
     try:
-        cluster, started = acquire_cluster(clock.say, args.cluster_dir.resolve())
+        cluster, started = acquire_cluster(clock.say, args.cluster_dir.resolve(), keep)
         where = "KUBECONFIG" if os.environ.get("KUBECONFIG") else "local"
         setup = Setup(cluster, clock.say, started_local=started, log_dir=out)
         install(setup, args.operator)
@@ -433,8 +450,10 @@ def main(argv: list[str] | None = None) -> int:
                 spans=scenario.spans,
                 t0=clock.t0,
             )
+            summary["timeline"] = {"t0": clock.t0, "marks": scenario.marks, "spans": scenario.spans}
             write_json(out / "summary.json", summary)
-            clock.say(f"wrote {out / 'timeline.png'} and {out / 'summary.json'}")
+            write_samples(out / "samples.jsonl", scenario.observer.samples)
+            clock.say(f"wrote timeline.png, summary.json and samples.jsonl to {out}")
     except KeyboardInterrupt:
         clock.say("interrupted")
     except Exception as e:

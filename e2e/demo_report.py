@@ -7,6 +7,7 @@ can quote; keeping the rendering apart keeps the scenario free of matplotlib.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from collections import Counter, defaultdict
@@ -101,6 +102,13 @@ def write_json(path: Path, summary: dict[str, Any]) -> None:
     path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
+def write_samples(path: Path, samples: list[Sample]) -> None:
+    """Every scrape, one JSON object a line: t (unix seconds), pod, role, values."""
+    with path.open("w") as fh:
+        for s in samples:
+            fh.write(json.dumps(dataclasses.asdict(s), sort_keys=True) + "\n")
+
+
 def plot_timeline(
     path: Path,
     samples: list[Sample],
@@ -147,7 +155,7 @@ def plot_timeline(
     panels[-1].set_xlabel("seconds since the demo started")
     fig.suptitle(
         "pdwarden demo: queue gauges of every worker pod, sampled each second. Solid lines: "
-        "operator actions on that pod; dashed: fault injected; grey: abort bursts",
+        "operator actions on (or for) that pod; dashed: fault injected; grey: abort bursts",
         fontsize=10,
     )
     fig.tight_layout()
@@ -169,30 +177,33 @@ def _with_gaps(points: list[tuple[float, float]]) -> tuple[list[float], list[flo
 
 
 def _mark_actions(ax: Any, pod: str, ledger: list[dict[str, Any]], t0: float) -> None:
-    """Actions on this pod (or failing rooms bound for it): a line each, one label per group."""
+    """Actions on this pod (or failing rooms bound for it): a line each, one label per burst of
+    the same action; labels close together are set side by side."""
     mine = [e for e in ledger if pod in (e["pod"], e.get("peer"))]
-    label_at: float | None = None
+    last_x, shift, group_end = -1e9, 0, -1
     for i, e in enumerate(mine):
         x, color = e["t"] - t0, ACTION_COLORS.get(e["action"], "black")
         ax.axvline(x, color=color, lw=1.8 if e["pod"] == pod else 1.0)
+        if i <= group_end:
+            continue  # labelled with its group
         group = [e]
         for nxt in mine[i + 1 :]:
             if nxt["action"] != e["action"] or nxt["t"] - group[-1]["t"] > 4:
                 break
             group.append(nxt)
-        if label_at is not None and x - label_at < 2.5:
-            continue  # part of the group labelled just before
-        label_at = x
+        group_end = i + len(group) - 1
         text = e["action"] if len(group) == 1 else f"{e['action']} x{len(group)}"
         if e["action"] == "FailRooms":
             text += f" ({sum(g['rooms'] for g in group)} rooms)"
-        _label(ax, x, text, color)
+        shift = shift + 10 if x - last_x < 3 else 0
+        last_x = x
+        _label(ax, x, text, color, shift)
 
 
-def _label(ax: Any, x: float, text: str, color: str) -> None:
+def _label(ax: Any, x: float, text: str, color: str, shift: float = 0) -> None:
     if text:
         ax.annotate(
-            text, (x, 1), xycoords=("data", "axes fraction"), xytext=(2, -3),
+            text, (x, 1), xycoords=("data", "axes fraction"), xytext=(2 + shift, -3),
             textcoords="offset points", va="top", ha="left", fontsize=8, color=color,
             rotation=90,
         )  # fmt: skip

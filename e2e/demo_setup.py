@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,24 +50,31 @@ class Setup:
         )
 
 
-def acquire_cluster(say: Say, cluster_dir: Path) -> tuple[Cluster, LocalCluster | None]:
-    """KUBECONFIG if set; else a local cluster already running from cluster_dir; else start one."""
+def acquire_cluster(say: Say, cluster_dir: Path, keep: bool) -> tuple[Cluster, LocalCluster | None]:
+    """KUBECONFIG if set; else a local cluster already running from cluster_dir; else start one:
+    in cluster_dir when it is to be kept, otherwise in a temporary directory (a fresh etcd that
+    goes away with it, so nothing of this run outlives it)."""
     say("preparing kubectl and helm (the first build of the control plane takes 15-40 minutes)")
     bin_dir = build_binaries()
     external = os.environ.get("KUBECONFIG")
     if external:
         say(f"KUBECONFIG is set: using that cluster ({external}); nothing local is started")
         return Cluster(kubeconfig=external, bin_dir=bin_dir, local=None), None
-    local = LocalCluster(cluster_dir)
-    alive = local.running_pids()
-    if alive:
+    if LocalCluster(cluster_dir).running_pids():
+        local = LocalCluster(cluster_dir)
         say(f"reusing the local cluster already running from {cluster_dir} (left running after)")
         return Cluster(kubeconfig=str(local.kubeconfig), bin_dir=bin_dir, local=local), None
-    say(f"starting a local Kubernetes control plane + kubelet in {cluster_dir} ...")
+    if keep:
+        local = LocalCluster(cluster_dir)
+        say(f"starting a local Kubernetes control plane + kubelet in {cluster_dir} (kept) ...")
+    else:
+        local = LocalCluster(Path(tempfile.mkdtemp(prefix="pdwarden-demo-cluster-")))
+        say(f"starting a temporary local Kubernetes (control plane + kubelet) in {local.directory}")
     try:
         local.start()
     except BaseException:
         local.stop(quiet=True)
+        say(f"the local cluster did not start; its logs are in {local.directory / 'logs'}")
         raise
     say("local cluster is up: etcd, kube-apiserver, controller-manager, scheduler, kubelet")
     return Cluster(kubeconfig=str(local.kubeconfig), bin_dir=bin_dir, local=local), local
@@ -159,14 +168,16 @@ def remove(setup: Setup, wait: bool) -> None:
 
 
 def teardown(setup: Setup, keep_cluster: bool) -> None:
-    """Clean up; stop the local cluster this run started unless asked to keep it."""
+    """Clean up; stop (and delete) the local cluster this run started unless asked to keep it."""
+    local = setup.started_local
+    if local is not None and not keep_cluster:
+        setup.say(f"stopping the temporary local cluster (and {NAMESPACE} with it)")
+        if setup.local_operator is not None:
+            setup.local_operator.stop()
+        local.stop(quiet=True)
+        shutil.rmtree(local.directory, ignore_errors=True)
+        return
     setup.say(f"cleaning up: deleting namespace {NAMESPACE} and the operator")
-    # Wait even before stopping a local cluster: its etcd data outlives it, and the next run
-    # should find it clean.
     remove(setup, wait=True)
-    if setup.started_local is not None:
-        if keep_cluster:
-            setup.say(f"leaving the local cluster running (KUBECONFIG={setup.cluster.kubeconfig})")
-        else:
-            setup.say("stopping the local cluster this demo started")
-            setup.started_local.stop(quiet=True)
+    if local is not None:
+        setup.say(f"leaving the local cluster running: export KUBECONFIG={local.kubeconfig}")
