@@ -214,8 +214,9 @@ def test_long_prefill_is_not_a_wedge(
     ns = namespace
     # 60 one-page chunks at 100 ms: a 6 s prefill, longer than wedgeAfterSeconds (4 s).
     slow = {"args": ["--prefill-chunk-ms", "100", "--chunk-pages", "1"]}
-    apply(cluster, ns, cpu_example(prefill=slow, decode={"replicas": 1}, remediation=FAST))
-    wait_ready(cluster, ns, {"prefill": "1/1", "decode": "1/1", "router": "1/1"})
+    # Two decode pods, so the last-serving-pod protection cannot hide a false cordon.
+    apply(cluster, ns, cpu_example(prefill=slow, decode={"replicas": 2}, remediation=FAST))
+    wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"})
     started = time.monotonic()
     code, answer = http(
         "POST", router_url(cluster, ns) + "/generate",

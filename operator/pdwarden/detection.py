@@ -10,8 +10,9 @@ functions over recorded data, unit-tested on sample series. The rules:
   pod restarted or vanished). Flagged at once: that peer will never answer.
 * InflightGaugeStuck: for engines without a rooms API (stock SGLang), the inflight gauge stayed
   above zero for the whole window.
-* DecodeStalled: a decode pod held requests (prealloc, transfer or running queue) for the whole
-  window while its generated-token counter did not move (or its throughput stayed 0).
+* DecodeStalled: a decode pod held requests for the whole window while its generated-token
+  counter did not move (or its throughput stayed 0). Requests merely queued (prealloc, transfer)
+  count only when no prefill is still computing a room for that pod; requests *running* always do.
 
 A pod whose metrics are stale or missing is *unknown*: never healthy, never wedged.
 """
@@ -27,6 +28,7 @@ from pdwarden.samples import RoomView, Sample
 
 Reason = Literal["InflightStuck", "PeerIncarnationGone", "InflightGaugeStuck", "DecodeStalled"]
 INFLIGHT_PHASE = "inflight"
+FORWARD_PHASE = "forward"
 MAX_ROOMS_PER_FINDING = 256
 
 
@@ -86,12 +88,20 @@ def _window(history: Sequence[Sample], seconds: float) -> Sequence[Sample] | Non
     return history[first:]
 
 
-def decode_stalled(history: Sequence[Sample], window_seconds: float) -> str | None:
-    """Evidence text if the decode pod made no progress with work queued, for the window."""
+def decode_stalled(
+    history: Sequence[Sample], window_seconds: float, waiting_on_prefill: bool = False
+) -> str | None:
+    """Evidence text if the decode pod made no progress with work queued, for the window.
+
+    A decode whose requests wait for a prefill that is still computing (a long prefill) is
+    legitimately idle: then only requests stuck while *running* count as a stall.
+    """
     window = _window(history, window_seconds)
     if window is None:
         return None
-    if not all(_decode_work(s) > 0 for s in window):
+    queued = all(_decode_work(s) > 0 for s in window)
+    running = all(s.queue("running") > 0 for s in window)
+    if not (running or (queued and not waiting_on_prefill)):
         return None
     first, last = window[0], window[-1]
     if first.generated_tokens is not None and last.generated_tokens is not None:
@@ -170,6 +180,30 @@ def _prefill_findings(
     return findings
 
 
+def _decodes_waiting_on_prefill(pods: Sequence[PodView]) -> frozenset[str] | _Everyone:
+    """Decode pods that some prefill is still computing a room for (phase `forward`).
+
+    If a prefill pod cannot tell (stale, or an engine without a rooms API), every decode pod
+    may be waiting on it, so queued-but-idle decode pods are not judged stalled.
+    """
+    names: set[str] = set()
+    for pod in pods:
+        if pod.role != ROLE_PREFILL:
+            continue
+        if pod.stale or pod.latest is None or pod.rooms is None:
+            return EVERYONE
+        names |= {r.peer_pod for r in pod.rooms if r.phase == FORWARD_PHASE and r.peer_pod}
+    return frozenset(names)
+
+
+class _Everyone:
+    def __contains__(self, _: object) -> bool:
+        return True
+
+
+EVERYONE = _Everyone()
+
+
 def detect(pods: Sequence[PodView], wedge_after: float) -> Detection:
     """Findings over every pod; pods without fresh data are listed as unknown."""
     unknown = tuple(
@@ -186,11 +220,12 @@ def detect(pods: Sequence[PodView], wedge_after: float) -> Detection:
     findings: list[Finding] = []
     stalled: set[str] = set()
     healthy: set[str] = set()
+    waiting = _decodes_waiting_on_prefill(pods)
     for pod in fresh:
         if pod.role == ROLE_PREFILL:
             findings += _prefill_findings(pod, wedge_after, incarnations)
         elif pod.role == ROLE_DECODE:
-            evidence = decode_stalled(pod.history, wedge_after)
+            evidence = decode_stalled(pod.history, wedge_after, pod.name in waiting)
             if not evidence and _window(pod.history, wedge_after) is not None:
                 healthy.add(pod.name)
             if evidence:

@@ -285,3 +285,21 @@ def test_only_a_full_window_without_a_stall_counts_as_healthy() -> None:
     d = detect([idle, busy, young, stuck], WEDGE_AFTER)
     assert d.healthy_decodes == frozenset({"d-0", "d-1"})
     assert d.stalled_decodes == frozenset({"d-3"})
+
+
+def test_a_decode_waiting_for_a_long_prefill_is_not_stalled() -> None:
+    """Requests queued on decode while their prefill still computes: legal, however long."""
+    waiting = decode("d-0", history=series(20, transfer_queue=1, generated_tokens=500))
+    computing = prefill([room(1, "forward", 90, peer="d-0")])
+    assert detect([computing, waiting], WEDGE_AFTER).stalled_decodes == frozenset()
+    # Once no prefill computes for it, the same queue with no progress is a stall.
+    done = prefill([room(2, "forward", 90, peer="d-1")])
+    assert detect([done, waiting], WEDGE_AFTER).stalled_decodes == frozenset({"d-0"})
+
+
+def test_without_rooms_from_every_prefill_only_stuck_running_requests_are_a_stall() -> None:
+    queued = decode("d-0", history=series(20, transfer_queue=3, generated_tokens=500))
+    running = decode("d-1", history=series(20, running=2, generated_tokens=500))
+    gauge_only = prefill(None)
+    d = detect([gauge_only, queued, running], WEDGE_AFTER)
+    assert d.stalled_decodes == frozenset({"d-1"})
