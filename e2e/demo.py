@@ -273,7 +273,16 @@ class Scenario:
 
     def stalled_decode(self) -> None:
         # A cordon from act 1 (rooms wedging on the same decode again) is lifted first.
-        if not wait_for(lambda: len(self.serving_decodes()) == 2, 60, every=1):
+        whole_since: list[float] = []
+
+        def settled() -> bool:  # both decode pods serving for 3 s in a row
+            if len(self.serving_decodes()) < 2:
+                whole_since.clear()
+                return False
+            whole_since[:] = whole_since or [time.time()]
+            return time.time() - whole_since[0] >= 3
+
+        if not wait_for(settled, 60, every=0.5):
             self.problems.append("the decode pool was not whole again after act 1")
             return
         victim, ip = self.serving_decodes()[0]
@@ -292,8 +301,12 @@ class Scenario:
         def back() -> bool:
             views, _ = self.observer.snapshot()
             v = views.get(victim)
-            if v is not None and not v.serving and self.ttr["stalled_decode_cordoned"] is None:
-                self.ttr["stalled_decode_cordoned"] = time.time() - start
+            if self.ttr["stalled_decode_cordoned"] is None and v is not None and not v.serving:
+                _, st = self.observer.snapshot()
+                history = (st.get("remediation") or {}).get("history") or []
+                if any(e["action"] == "CordonDecode" and e["pod"] == victim
+                       and "stalled" in e.get("reason", "") for e in history):  # fmt: skip
+                    self.ttr["stalled_decode_cordoned"] = time.time() - start
             return v is not None and v.uid != uid and v.ready and v.serving
 
         if wait_for(back, WEDGE_AFTER + RESTART_AFTER + 150, every=1):
