@@ -139,8 +139,17 @@ class LocalCluster:
         token = secrets.token_hex(16)
         (self.directory / "tokens.csv").write_text(f'{token},admin,admin-uid,"system:masters"\n')
         ports = {name: free_port() for name in ("etcd", "etcd-peer", "apiserver", "kcm", "sched")}
+        saved = self.directory / "pod-cidr-octet"
+        if (
+            self.pod_cidr_octet is None
+            and saved.exists()
+            and (self.directory / "etcd-data").exists()
+        ):
+            # The nodes stored in etcd-data carry pod CIDRs from this octet: keep it.
+            self.pod_cidr_octet = int(saved.read_text())
         if self.pod_cidr_octet is None:
             self.pod_cidr_octet = claim_octet(self.directory)
+        saved.write_text(str(self.pod_cidr_octet))
         octet = self.pod_cidr_octet
         log(f"pod IPs from 127.{octet}.0.0/16 (pod CIDR 10.{octet}.0.0/16 mapped into 127/8)")
         try:
