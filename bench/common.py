@@ -30,6 +30,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from e2e.httpjson import http
+
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_OUT = BENCH_DIR / "results"
 README = BENCH_DIR / "README.md"
@@ -139,25 +141,6 @@ def free_port(host: str = LOOPBACK) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-def http(
-    method: str, url: str, body: Any = None, *, token: str | None = None, timeout: float = 60
-) -> tuple[int, Any]:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method)
-    req.add_header("Content-Type", "application/json")
-    if token is not None:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            status, text = resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        status, text = exc.code, exc.read().decode()
-    try:
-        return status, json.loads(text)
-    except ValueError:
-        return status, text
 
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -294,7 +277,7 @@ class Workers:
             wait_for(ready, timeout, f"{proc.name} ready", interval=0.1)
 
     def admin(self, proc: Proc, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        return http(method, f"{proc.url}{path}", body, token=TOKEN)
+        return http(method, f"{proc.url}{path}", body, token=TOKEN, timeout=60)
 
     def kill(self, proc: Proc, sig: int = signal.SIGKILL) -> None:
         if proc.alive():

@@ -266,7 +266,7 @@ def stalled_decode(settings: dict[str, Any], quick: bool) -> dict[str, Any]:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         try:
-            old = common.http("GET", f"{stall.url}/info")[1]["incarnation"]
+            old = common.http("GET", f"{stall.url}/info", timeout=60)[1]["incarnation"]
             time.sleep(2 if quick else 5)  # steady load first, so the window shows progress
             onset = time.monotonic()
             status, _ = w.admin(stall, "POST", "/admin/decode-stall")

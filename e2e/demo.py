@@ -291,7 +291,7 @@ class Scenario:
             f"ACT 2, a stalled decode: {victim} keeps accepting KV but never decodes; its "
             "/healthz stays 200, only its transfer queue shows it"
         )
-        code, body = http("POST", f"http://{ip}:8000/admin/decode-stall", {}, self.token)
+        code, body = http("POST", f"http://{ip}:8000/admin/decode-stall", {}, token=self.token)
         if code != 200:
             self.problems.append(f"could not stall {victim}: {code} {body}")
             return

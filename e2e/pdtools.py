@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from e2e.fixtures import Cluster
+from e2e.httpjson import http
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CHILDREN_KINDS = [
@@ -96,26 +97,6 @@ def pod_condition(pod: dict[str, Any], type_: str) -> dict[str, Any]:
 def admin_token(cluster: Cluster, ns: str, name: str = "pd") -> str:
     secret = get_json(cluster, ns, "secret", f"{name}-admin")
     return base64.b64decode(secret["data"]["token"]).decode()
-
-
-def http(
-    method: str, url: str, body: Any = None, token: str | None = None, timeout: float = 30
-) -> tuple[int, Any]:
-    data = json.dumps(body).encode() if body is not None else None
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(url, data=data, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            raw = resp.read()
-            code = resp.status
-    except urllib.error.HTTPError as e:
-        raw, code = e.read(), e.code
-    try:
-        return code, json.loads(raw)
-    except ValueError:
-        return code, raw.decode(errors="replace")
 
 
 def router_url(cluster: Cluster, ns: str, name: str = "pd") -> str:

@@ -82,7 +82,9 @@ def load(url: str, *args: str, timeout: float = 120) -> dict[str, Any]:
 
 def stall(cluster: Cluster, ns: str, pod: dict[str, Any]) -> None:
     ip = pod["status"]["podIP"]
-    code, body = http("POST", f"http://{ip}:8000/admin/decode-stall", {}, admin_token(cluster, ns))
+    code, body = http(
+        "POST", f"http://{ip}:8000/admin/decode-stall", {}, token=admin_token(cluster, ns)
+    )
     assert code == 200, body
 
 

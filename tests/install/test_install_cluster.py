@@ -149,7 +149,7 @@ def test_remediation_works_under_the_charts_rbac(release: Release, cluster: Clus
     victim = pods(cluster, ns, "decode", "st")[0]
     code, body = http(
         "POST", f"http://{victim['status']['podIP']}:8000/admin/decode-stall", {},
-        admin_token(cluster, ns, "st"),
+        token=admin_token(cluster, ns, "st"),
     )  # fmt: skip
     assert code == 200, body
     url = router_url(cluster, ns, "st")

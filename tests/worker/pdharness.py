@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from e2e.httpjson import http
 from prometheus_client.parser import text_string_to_metric_families
 
 TOKEN = "test-admin-token"
@@ -56,31 +57,6 @@ def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float
                 return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-
-
-def http(
-    method: str,
-    url: str,
-    body: Any = None,
-    *,
-    token: str | None = None,
-    raw: bytes | None = None,
-    timeout: float = 30,
-) -> tuple[int, Any]:
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    req = urllib.request.Request(url, data=data, method=method)
-    req.add_header("Content-Type", "application/json")
-    if token is not None:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            status, text = resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        status, text = exc.code, exc.read().decode()
-    try:
-        return status, json.loads(text)
-    except ValueError:
-        return status, text
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
