@@ -1,6 +1,7 @@
 """The router: one POST /generate per client request, dispatched to a prefill and a decode.
 
-Like SGLang's routers it picks a random 63-bit bootstrap room and calls prefill and decode
+Like SGLang's routers it picks a random 63-bit bootstrap room (from `secrets`, so nobody can
+predict another request's room) and calls prefill and decode
 concurrently (awaiting prefill first deadlocks by construction: prefill waits for decode's
 handshake). It returns decode's answer. A client that disconnects cancels both legs, which the
 workers see as an abort of the room.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import secrets
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -111,7 +113,7 @@ class Router:
             return error(
                 503, f"prefill {prefill} has no bootstrap info: {exc!r}", reason="peer_lost"
             )
-        room = random.getrandbits(63)
+        room = secrets.randbits(63)  # unguessable: a room id must not be predictable
         started = time.monotonic()
         p_task = asyncio.create_task(
             self._call(f"{prefill}/generate", {"bootstrap_room": room, "input_ids": ids})
