@@ -27,9 +27,11 @@ from pdworker import limits
 from pdworker.bootstrap import BootstrapServer
 from pdworker.config import WorkerConfig
 from pdworker.decode import DecodeWorker
+from pdworker.discovery import StaticDiscovery
 from pdworker.handshake import NIXL_METADATA_TAG
 from pdworker.model import KVPool, ModelConfig, TinyModel
 from pdworker.prefill import PrefillWorker
+from pdworker.router import Router
 from pdworker.server import worker_app
 from pdworker.transfer import TransferError
 
@@ -399,3 +401,31 @@ def test_decode_refuses_bootstrap_hosts_that_are_not_ip_literals(host: str) -> N
         assert len(d.table) == 0 and not d.links.links
 
     run(check, app)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(generate_bodies | st.fixed_dictionaries({"text": json_values}), max_size=6))
+def test_router_generate_fuzz_never_500(bodies: list[Any]) -> None:
+    # Nothing listens on port 1: a valid body ends in a clear 503, never a 500.
+    router = Router(StaticDiscovery(["http://127.0.0.1:1"], ["http://127.0.0.1:1"]), "router-fuzz")
+
+    async def check(client: TestClient) -> None:
+        await router.start()
+        try:
+            for body in bodies:
+                resp = await client.post("/generate", data=json.dumps(body))
+                assert resp.status in OK_CODES, (resp.status, await resp.text(), body)
+        finally:
+            await router.stop()
+
+    run(check, router.app())
+
+
+def test_router_body_cap_is_413() -> None:
+    router = Router(StaticDiscovery(["http://127.0.0.1:1"], ["http://127.0.0.1:1"]), "router-cap")
+
+    async def check(client: TestClient) -> None:
+        big = b'{"text": "' + b"a" * limits.GENERATE_BODY_BYTES + b'"}'
+        assert (await client.post("/generate", data=big)).status == 413
+
+    run(check, router.app())

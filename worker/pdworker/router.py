@@ -20,11 +20,12 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
+from pdworker import limits
 from pdworker.config import parse_ids, parse_positive_int
 from pdworker.contract import FAILURE_REASONS
 from pdworker.discovery import Discovery
 from pdworker.metrics import WorkerMetrics
-from pdworker.server import BadRequest, error, read_json
+from pdworker.server import BadRequest, client_error, error, read_json
 
 log = logging.getLogger(__name__)
 PREFILL_GRACE_S = 5.0
@@ -51,7 +52,7 @@ class Router:
             await self.session.close()
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=limits.GENERATE_BODY_BYTES)
         app.router.add_post("/generate", self.handle_generate)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._health)
@@ -101,7 +102,7 @@ class Router:
             ids = parse_ids(body.get("input_ids"))
             max_new = parse_positive_int(body, "max_new_tokens", 16, 4096)
         except BadRequest as exc:
-            return error(400, str(exc))
+            return client_error(exc)
         prefills, decodes = self.discovery.prefill(), self.discovery.decode()
         if not prefills or not decodes:
             return error(503, "no ready prefill or decode endpoint", reason="aborted")
