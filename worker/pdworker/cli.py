@@ -355,13 +355,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.command in ("prefill", "decode"):
         from pdworker.config import WorkerConfig
+        from pdworker.prefill_link import parse_allow
         from pdworker.runner import run_worker
 
         try:
             cfg = _worker_config(args)
-        except FaultSpecError as exc:
+            assert isinstance(cfg, WorkerConfig)
+            parse_allow(cfg.prefill_allow)
+        except (FaultSpecError, ValueError) as exc:
             parser.error(str(exc))
-        assert isinstance(cfg, WorkerConfig)
+        if cfg.max_rooms < 1:
+            parser.error("--max-rooms must be >= 1")
         import torch
 
         torch.set_num_threads(max(1, args.torch_threads))
