@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from pdworker import handshake as hs
 from pdworker import limits
 from pdworker.handshake import (
     Refused,
@@ -49,13 +50,13 @@ class BootstrapServer:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=limits.BOOTSTRAP_ROOM_BODY_BYTES)
-        app.router.add_get("/bootstrap/info", self._info)
+        app.router.add_get(hs.INFO_PATH, self._info)
         app.router.add_get("/health", self._health)
         routes: list[tuple[str, Handler, int]] = [
-            ("/bootstrap/peer", self._register_peer, limits.BOOTSTRAP_PEER_BODY_BYTES),
-            ("/bootstrap/room", self._register_room, limits.BOOTSTRAP_ROOM_BODY_BYTES),
-            ("/bootstrap/abort", self._abort_from_decode, limits.BOOTSTRAP_SMALL_BODY_BYTES),
-            ("/bootstrap/heartbeat", self._heartbeat, limits.BOOTSTRAP_SMALL_BODY_BYTES),
+            (hs.PEER_PATH, self._register_peer, limits.BOOTSTRAP_PEER_BODY_BYTES),
+            (hs.ROOM_PATH, self._register_room, limits.BOOTSTRAP_ROOM_BODY_BYTES),
+            (hs.ABORT_PATH, self._abort_from_decode, limits.BOOTSTRAP_SMALL_BODY_BYTES),
+            (hs.HEARTBEAT_PATH, self._heartbeat, limits.BOOTSTRAP_SMALL_BODY_BYTES),
         ]
         for path, handler, cap in routes:
             app.router.add_post(path, self._guard(handler, cap))

@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from pdworker import limits
 from pdworker.config import WorkerConfig, parse_ids, parse_positive_int
 from pdworker.contract import KVChunk, KVFail, KVMeta, KVPoll, decode_notification
 from pdworker.handshake import Refused, split_address
@@ -39,7 +40,6 @@ from pdworker.transfer import Transport
 
 log = logging.getLogger(__name__)
 mono = time.monotonic
-MAX_NEW_TOKENS = 4096
 
 
 @dataclass
@@ -127,7 +127,7 @@ class DecodeWorker:
                 raise BadRequest("body must be a JSON object")
             room = parse_room(body.get("bootstrap_room"))
             ids = parse_ids(body.get("input_ids"))
-            max_new = parse_positive_int(body, "max_new_tokens", 16, MAX_NEW_TOKENS)
+            max_new = parse_positive_int(body, "max_new_tokens", 16, limits.MAX_NEW_TOKENS)
             # Only prefills of this deployment: allowed (--prefill-allow) and, before anything
             # of ours is sent, proven to hold the bootstrap key (prefill_link).
             link = endpoint(

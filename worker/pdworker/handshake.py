@@ -29,6 +29,12 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MEM_TYPES = ("DRAM", "VRAM")
 MAX_DEVICE_ID = 1024
 AUTH_SCHEME = "Bearer "
+# The bootstrap server's endpoints (prefill serves them, decode calls them).
+INFO_PATH = "/bootstrap/info"
+PEER_PATH = "/bootstrap/peer"
+ROOM_PATH = "/bootstrap/room"
+ABORT_PATH = "/bootstrap/abort"
+HEARTBEAT_PATH = "/bootstrap/heartbeat"
 
 
 class Refused(Exception):

@@ -15,6 +15,7 @@ MIB: Final = 1024 * KIB
 
 # JSON bodies, per endpoint. /generate carries up to MAX_PROMPT_TOKENS ids of at most 7 digits.
 MAX_PROMPT_TOKENS: Final = 1 << 20
+MAX_NEW_TOKENS: Final = 4096
 GENERATE_BODY_BYTES: Final = 12 * MIB
 ADMIN_BODY_BYTES: Final = 2 * MIB  # /admin/rooms/fail: up to MAX_ROOMS_PER_CALL room ids
 MAX_ROOMS_PER_CALL: Final = 100_000

@@ -31,6 +31,7 @@ from typing import Any
 
 import aiohttp
 
+from pdworker import handshake as hs
 from pdworker import limits
 from pdworker.config import WorkerConfig
 from pdworker.contract import FAILURE_REASONS
@@ -189,7 +190,7 @@ class PrefillLinks:
                 async with (
                     self.probes,
                     self.session.get(
-                        f"http://{address}/bootstrap/info",
+                        f"http://{address}{hs.INFO_PATH}",
                         params={"nonce": nonce},
                         timeout=aiohttp.ClientTimeout(total=5),
                         allow_redirects=False,
@@ -224,7 +225,7 @@ class PrefillLinks:
                         "mem_type": self.pool.mem_type,
                     },
                 }
-                status, data = await self.post(address, "/bootstrap/peer", body, 10)
+                status, data = await self.post(address, hs.PEER_PATH, body, 10)
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 raise PeerError("peer_lost", f"prefill {address} unreachable: {exc!r}") from exc
             if status != 200:
@@ -240,7 +241,7 @@ class PrefillLinks:
         body = {"room": room, "agent": self.transport.name, "pages": pages}
         for attempt in range(2):
             try:
-                status, data = await self.post(link.address, "/bootstrap/room", body, 5)
+                status, data = await self.post(link.address, hs.ROOM_PATH, body, 5)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise PeerError(
                     "peer_lost", f"prefill {link.address} unreachable: {exc!r}"
@@ -261,7 +262,7 @@ class PrefillLinks:
         try:
             await self.post(
                 address,
-                "/bootstrap/abort",
+                hs.ABORT_PATH,
                 {"room": room, "agent": self.transport.name},
                 self.cfg.abort_ack_timeout,
             )
@@ -282,7 +283,7 @@ class PrefillLinks:
                 try:
                     status, data = await self.post(
                         link.address,
-                        "/bootstrap/heartbeat",
+                        hs.HEARTBEAT_PATH,
                         {"agent": self.transport.name},
                         min(3.0, self.cfg.heartbeat_interval * 2),
                     )

@@ -100,7 +100,7 @@ class Router:
             if "input_ids" not in body and isinstance(body.get("text"), str):
                 body["input_ids"] = list(body["text"].encode())
             ids = parse_ids(body.get("input_ids"))
-            max_new = parse_positive_int(body, "max_new_tokens", 16, 4096)
+            max_new = parse_positive_int(body, "max_new_tokens", 16, limits.MAX_NEW_TOKENS)
         except BadRequest as exc:
             return client_error(exc)
         prefills, decodes = self.discovery.prefill(), self.discovery.decode()
