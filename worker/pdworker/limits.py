@@ -29,9 +29,11 @@ PARSE_INLINE_BYTES: Final = 64 * KIB
 MAX_METADATA_BYTES: Final = 256 * KIB  # NIXL agent metadata (UCX, one pool: ~0.5 KiB)
 MAX_PEER_PAGES: Final = 1 << 18  # pages in one decode pool (descriptors are built per page)
 MAX_DECODE_PEERS: Final = 256  # live decode peers one prefill serves
+MAX_TOTAL_PEER_PAGES: Final = 1 << 21  # pages of all live peers together (NIXL descriptors)
 MAX_PENDING_BINDINGS: Final = 4096  # rooms decode registered before prefill saw the request
 MAX_NAME_CHARS: Final = 253  # agent, pod and incarnation names
 PEER_REGISTRATIONS_AT_ONCE: Final = 2  # descriptor lists being built at the same time
+PEER_REGISTRATIONS_QUEUED: Final = 16  # registrations running or waiting their turn
 
 # Decode's links to prefill bootstrap servers.
 MAX_PREFILL_LINKS: Final = 64

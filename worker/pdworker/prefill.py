@@ -475,10 +475,15 @@ class PrefillWorker:
             if known is not None and not known.dead:
                 known.last_seen = mono()
                 return
-            if sum(not p.dead for p in self.peers.values()) >= limits.MAX_DECODE_PEERS:
+            live = [p for p in self.peers.values() if not p.dead]
+            if len(live) >= limits.MAX_DECODE_PEERS:
                 raise Refused(429, f"prefill serves {limits.MAX_DECODE_PEERS} decode peers already")
+            if sum(p.num_pages for p in live) + reg.num_pages > limits.MAX_TOTAL_PEER_PAGES:
+                raise Refused(429, "decode peers' KV pools exceed what this prefill describes")
             if reg.agent in self.registering:
                 raise Refused(409, "this agent is being registered already; retry")
+            if len(self.registering) >= limits.PEER_REGISTRATIONS_QUEUED:
+                raise Refused(429, "too many decode registrations at once; retry")
             self.registering.add(reg.agent)
         try:
             async with self.peer_slots:
