@@ -35,8 +35,6 @@ _LABEL: Final = re.compile(
     r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\\n]*(?:\\.[^"\\\n]*)*)"[ \t]*([,}])'
 )
 _CLOSE: Final = re.compile(r"[ \t]*\}")  # `}` after a trailing comma
-_UNESCAPE: Final = re.compile(r"\\(.)")
-_ESCAPES: Final = {"n": "\n", "\\": "\\", '"': '"'}
 
 
 class ScrapeError(ValueError):
@@ -132,6 +130,11 @@ def read_series(
     return found
 
 
+def _unescape(raw: str) -> str:
+    """The text format's three escapes (backslash, quote, newline), in C-speed passes."""
+    return "\\".join(p.replace('\\"', '"').replace("\\n", "\n") for p in raw.split("\\\\"))
+
+
 def _sample_line(line: str, pos: int, number: int) -> tuple[dict[str, str], float]:
     """Labels and value of one `name{labels} value [timestamp]` line, in linear time."""
     labels: dict[str, str] = {}
@@ -147,7 +150,7 @@ def _sample_line(line: str, pos: int, number: int) -> tuple[dict[str, str], floa
                 key, raw, end = m.groups()
                 if len(raw) > MAX_LABEL_VALUE_CHARS or len(labels) >= MAX_LABELS:
                     raise ScrapeError(f"line {number}: label value or label count over limit")
-                labels[key] = _UNESCAPE.sub(lambda e: _ESCAPES.get(e[1], "\\" + e[1]), raw)
+                labels[key] = _unescape(raw) if "\\" in raw else raw
                 pos = m.end()
                 if end == "}":
                     break

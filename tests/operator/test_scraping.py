@@ -1,0 +1,207 @@
+"""scraping: whole bodies up to a cap, parsed off the event loop, against real HTTP servers.
+
+Every server here is a real aiohttp server on loopback; the client is the operator's own
+WorkerClient. Bodies are in the exposition format SGLang serves (the fixtures of
+tests/remediation/data) or deliberately pathological.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from pdwarden.scraping import DEFAULT_MAX_BODY, ScrapeResult, Target, WorkerClient
+
+DATA = Path(__file__).parents[1] / "remediation" / "data"
+MiB = 1024 * 1024
+HOSTILE_PODS = 20
+
+
+def padded_body(size: int) -> bytes:
+    """A real SGLang decode body grown to `size` bytes with series nobody reads (histogram
+    buckets, as SGLang's own exposition is mostly), and one series we do read at the very end,
+    so a body cut anywhere loses it."""
+    head = (DATA / "sglang_decode_dp2_priority.prom").read_text()
+    tail = (
+        'sglang:num_decode_transfer_queue_reqs{dp_rank="3",engine_type="decode",'
+        'model_name="m",moe_ep_rank="0",pp_rank="0",priority="",tp_rank="3"} 7.0\n'
+    )
+    filler = 'sglang:inter_token_latency_seconds_bucket{le="0.002",model_name="m"} 1.0\n'
+    n = (size - len(head) - len(tail)) // len(filler)
+    body = head + filler * n + tail
+    body = body[: len(body) - len(tail)] + "#" * (size - len(body) - 1) + "\n" + tail
+    assert len(body) == size
+    return body.encode()
+
+
+@asynccontextmanager
+async def server(make_body: Callable[[], bytes], chunked: bool = False) -> AsyncIterator[int]:
+    """A loopback HTTP server answering /metrics with make_body(); yields its port."""
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        data = make_body()
+        if not chunked:
+            return web.Response(body=data, content_type="text/plain")
+        resp = web.StreamResponse()  # no Content-Length: the client must read to EOF
+        resp.content_type = "text/plain"
+        await resp.prepare(request)
+        for i in range(0, len(data), 100_000):
+            await resp.write(data[i : i + 100_000])
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
+
+
+def target(port: int, name: str = "pod") -> Target:
+    return Target(pod=name, uid=name, role="decode", ip="127.0.0.1", port=port)
+
+
+async def scrape(client: WorkerClient, port: int) -> ScrapeResult:
+    try:
+        return await client.scrape_one(target(port), None)
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "to-eof"])
+def test_a_2_mib_body_is_read_whole_under_a_larger_cap(chunked: bool) -> None:
+    asyncio.run(_test_a_2_mib_body_is_read_whole_under_a_larger_cap(chunked))
+
+
+async def _test_a_2_mib_body_is_read_whole_under_a_larger_cap(chunked: bool) -> None:
+    async with server(lambda: padded_body(2 * MiB), chunked) as port:
+        result = await scrape(WorkerClient(max_body=4 * MiB), port)
+    assert result.error is None and result.sample is not None
+    # The series at the very end of the body made it: the fixture's 4 plus the tail's 7.
+    assert result.sample.transfer_queue == 4 + 7
+    assert result.sample.running == 24 and result.sample.generated_tokens == 1_000_000
+
+
+def test_a_2_mib_body_over_the_cap_is_an_error_naming_its_size() -> None:
+    asyncio.run(_test_a_2_mib_body_over_the_cap_is_an_error_naming_its_size())
+
+
+async def _test_a_2_mib_body_over_the_cap_is_an_error_naming_its_size() -> None:
+    async with server(lambda: padded_body(2 * MiB)) as port:
+        result = await scrape(WorkerClient(max_body=MiB), port)
+    assert result.sample is None
+    assert result.error == (
+        f"http://127.0.0.1:{port}/metrics: answer of {2 * MiB} bytes is over the {MiB}-byte cap"
+    )
+
+
+def test_a_2_mib_body_without_a_length_over_the_cap_is_an_error() -> None:
+    asyncio.run(_test_a_2_mib_body_without_a_length_over_the_cap_is_an_error())
+
+
+async def _test_a_2_mib_body_without_a_length_over_the_cap_is_an_error() -> None:
+    async with server(lambda: padded_body(2 * MiB), chunked=True) as port:
+        result = await scrape(WorkerClient(max_body=MiB), port)
+    assert result.sample is None and result.error is not None
+    assert f"answer over the {MiB}-byte cap (stopped at " in result.error
+
+
+def test_the_default_cap_is_about_a_mebibyte() -> None:
+    assert DEFAULT_MAX_BODY == MiB
+    with pytest.raises(ValueError, match="max_body"):
+        WorkerClient(max_body=0)
+
+
+# -- one hostile /metrics must not stall the operator (issue 13, item 3) -------------------
+
+
+def hostile_body() -> bytes:
+    """Just under the default cap of the costliest input that is still valid for the parser:
+    series we read, each with label values full of escapes (prometheus-client's parser took
+    ~1 s per MiB of this on the event loop)."""
+    value = '\\"' * 255
+    labels = ",".join(f'l{i}="{value}"' for i in range(7))
+    line = f'sglang:num_running_reqs{{{labels},tp_rank="0"}} 1\n'.encode()
+    return line * (DEFAULT_MAX_BODY // len(line))
+
+
+def benign_body() -> bytes:
+    return (DATA / "sglang_decode_dp2_priority.prom").read_bytes()
+
+
+async def healthy_cycle_period(others: list[int], healthy_port: int) -> tuple[float, int]:
+    """Mean period of another deployment's scrape cycles (one pod, 50 ms apart) while a second
+    client scrapes `others` round after round; also returns how many rounds ran meanwhile."""
+    healthy, busy = WorkerClient(), WorkerClient()
+    rounds = 0
+    stop = asyncio.Event()
+
+    async def other_deployment() -> None:
+        nonlocal rounds
+        targets = [target(p, f"h-{i}") for i, p in enumerate(others)]
+        while not stop.is_set():
+            results = await busy.scrape(targets, None)
+            assert all(r.sample is not None or r.error for r in results)
+            rounds += 1
+
+    task = asyncio.create_task(other_deployment())
+    try:
+        cycles, started = 0, time.monotonic()
+        # Observable progress: enough cycles of ours, and at least two full rounds of theirs.
+        while cycles < 10 or rounds < 2:
+            result = await healthy.scrape_one(target(healthy_port), None)
+            assert result.sample is not None, result.error
+            assert result.sample.running == 24
+            cycles += 1
+            await asyncio.sleep(0.05)
+        return (time.monotonic() - started) / cycles, rounds
+    finally:
+        stop.set()
+        await task
+        await healthy.close()
+        await busy.close()
+
+
+def test_hostile_pods_do_not_stall_another_deployments_cycles() -> None:
+    asyncio.run(_test_hostile_pods_do_not_stall_another_deployments_cycles())
+
+
+async def _test_hostile_pods_do_not_stall_another_deployments_cycles() -> None:
+    async with (
+        server(benign_body) as healthy_port,
+        asynccontextmanager_many(HOSTILE_PODS, hostile_body) as hostile,
+        asynccontextmanager_many(HOSTILE_PODS, benign_body) as benign,
+    ):
+        baseline, _ = await healthy_cycle_period(benign, healthy_port)
+        attacked, rounds = await healthy_cycle_period(hostile, healthy_port)
+    assert rounds >= 2
+    # The same loop with 20 hostile pods keeps its period (measured on this 2-core machine:
+    # see the report; the synchronous parser made one 10 ms ticker tick twice instead of ~415).
+    assert attacked / baseline < 3.0, (attacked, baseline)
+
+
+@asynccontextmanager
+async def asynccontextmanager_many(
+    n: int, make_body: Callable[[], bytes]
+) -> AsyncIterator[list[int]]:
+    body = make_body()
+    ports: list[int] = []
+    managers = [server(lambda: body) for _ in range(n)]
+    try:
+        for m in managers:
+            ports.append(await m.__aenter__())
+        yield ports
+    finally:
+        for m in managers[: len(ports)]:
+            await m.__aexit__(None, None, None)
