@@ -19,7 +19,7 @@ from aiohttp import web
 from pdwarden.scraping import DEFAULT_MAX_BODY, ScrapeResult, Target, WorkerClient
 
 DATA = Path(__file__).parents[1] / "remediation" / "data"
-MiB = 1024 * 1024
+MIB = 1024 * 1024
 HOSTILE_PODS = 20
 
 
@@ -85,8 +85,8 @@ def test_a_2_mib_body_is_read_whole_under_a_larger_cap(chunked: bool) -> None:
 
 
 async def _test_a_2_mib_body_is_read_whole_under_a_larger_cap(chunked: bool) -> None:
-    async with server(lambda: padded_body(2 * MiB), chunked) as port:
-        result = await scrape(WorkerClient(max_body=4 * MiB), port)
+    async with server(lambda: padded_body(2 * MIB), chunked) as port:
+        result = await scrape(WorkerClient(max_body=4 * MIB), port)
     assert result.error is None and result.sample is not None
     # The series at the very end of the body made it: the fixture's 4 plus the tail's 7.
     assert result.sample.transfer_queue == 4 + 7
@@ -98,11 +98,11 @@ def test_a_2_mib_body_over_the_cap_is_an_error_naming_its_size() -> None:
 
 
 async def _test_a_2_mib_body_over_the_cap_is_an_error_naming_its_size() -> None:
-    async with server(lambda: padded_body(2 * MiB)) as port:
-        result = await scrape(WorkerClient(max_body=MiB), port)
+    async with server(lambda: padded_body(2 * MIB)) as port:
+        result = await scrape(WorkerClient(max_body=MIB), port)
     assert result.sample is None
     assert result.error == (
-        f"http://127.0.0.1:{port}/metrics: answer of {2 * MiB} bytes is over the {MiB}-byte cap"
+        f"http://127.0.0.1:{port}/metrics: answer of {2 * MIB} bytes is over the {MIB}-byte cap"
     )
 
 
@@ -111,14 +111,14 @@ def test_a_2_mib_body_without_a_length_over_the_cap_is_an_error() -> None:
 
 
 async def _test_a_2_mib_body_without_a_length_over_the_cap_is_an_error() -> None:
-    async with server(lambda: padded_body(2 * MiB), chunked=True) as port:
-        result = await scrape(WorkerClient(max_body=MiB), port)
+    async with server(lambda: padded_body(2 * MIB), chunked=True) as port:
+        result = await scrape(WorkerClient(max_body=MIB), port)
     assert result.sample is None and result.error is not None
-    assert f"answer over the {MiB}-byte cap (stopped at " in result.error
+    assert f"answer over the {MIB}-byte cap (stopped at " in result.error
 
 
 def test_the_default_cap_is_about_a_mebibyte() -> None:
-    assert DEFAULT_MAX_BODY == MiB
+    assert DEFAULT_MAX_BODY == MIB
     with pytest.raises(ValueError, match="max_body"):
         WorkerClient(max_body=0)
 
@@ -129,7 +129,7 @@ def test_the_default_cap_is_about_a_mebibyte() -> None:
 def hostile_body() -> bytes:
     """Just under the default cap of the costliest input that is still valid for the parser:
     series we read, each with label values full of escapes (prometheus-client's parser took
-    ~1 s per MiB of this on the event loop)."""
+    ~1 s per MIB of this on the event loop)."""
     value = '\\"' * 255
     labels = ",".join(f'l{i}="{value}"' for i in range(7))
     line = f'sglang:num_running_reqs{{{labels},tp_rank="0"}} 1\n'.encode()
@@ -205,3 +205,16 @@ async def asynccontextmanager_many(
     finally:
         for m in managers[: len(ports)]:
             await m.__aexit__(None, None, None)
+
+
+def test_the_cap_is_a_flag_of_pdwarden_run() -> None:
+    import argparse
+
+    from pdwarden.run import add_arguments, run
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args([]).max_metrics_bytes == DEFAULT_MAX_BODY
+    assert parser.parse_args(["--max-metrics-bytes", "2097152"]).max_metrics_bytes == 2 * MIB
+    with pytest.raises(SystemExit, match=r"--max-metrics-bytes must be 1\.\."):
+        run(parser.parse_args(["--max-metrics-bytes", "0"]))
