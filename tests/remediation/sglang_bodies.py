@@ -9,68 +9,14 @@ priority "0"); DP rank 1 and priority "1" read 0, so the parser must pick the ri
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
+
+from bench._metrics_sim import sglang_body
 
 from pdwarden.samples import Sample, parse_metrics
 
-DATA = Path(__file__).parent / "data"
-BASE = {
-    "prefill": (DATA / "sglang_prefill_dp2_priority.prom").read_text(),
-    "decode": (DATA / "sglang_decode_dp2_priority.prom").read_text(),
-}
-_STAGES = "sglang:per_stage_req_latency_seconds"
-# Sample-level knob -> (series name, label selection).
-KNOBS: dict[str, tuple[str, dict[str, str]]] = {
-    "running": ("sglang:num_running_reqs", {}),
-    "waiting": ("sglang:num_queue_reqs", {}),
-    "inflight": ("sglang:num_prefill_inflight_queue_reqs", {}),
-    "bootstrap": ("sglang:num_prefill_bootstrap_queue_reqs", {}),
-    "prealloc": ("sglang:num_decode_prealloc_queue_reqs", {}),
-    "transfer": ("sglang:num_decode_transfer_queue_reqs", {}),
-    "throughput": ("sglang:gen_throughput", {}),
-    "decode_tokens": ("sglang:realtime_tokens_total", {"mode": "decode"}),
-    "prefill_tokens": ("sglang:realtime_tokens_total", {"mode": "prefill_compute"}),
-    "sent": (f"{_STAGES}_count", {"stage": "prefill_transfer_kv_cache"}),
-    "arrived": (f"{_STAGES}_count", {"stage": "decode_transferred"}),
-    "transfer_failed": ("sglang:num_transfer_failed_reqs_total", {}),
-    "bootstrap_failed": ("sglang:num_bootstrap_failed_reqs_total", {}),
-    "finished": ("sglang:num_requests_total", {}),
-    "generation_tokens_total": ("sglang:generation_tokens_total", {}),
-}
-
-
-def _set(text: str, name: str, value: float, select: dict[str, str]) -> str:
-    lines = text.split("\n")
-    first_plain = True
-    for i, line in enumerate(lines):
-        if not line.startswith(name + "{") or any(
-            f'{k}="{v}"' not in line for k, v in select.items()
-        ):
-            continue
-        if 'dp_rank="' in line:
-            primary = 'dp_rank="0"' in line and 'priority="1"' not in line
-        else:  # tokenizer series: one per is_streaming/priority; the first carries the value
-            primary, first_plain = first_plain, False
-        lines[i] = f"{line.rsplit(' ', 1)[0]} {float(value if primary else 0)!r}"
-    return "\n".join(lines)
-
-
-# Queues start empty unless a test sets them (the fixtures hold a loaded moment).
-EMPTY = {
-    "prefill": {"inflight": 0, "bootstrap": 0, "waiting": 0, "running": 0},
-    "decode": {"running": 0, "waiting": 0, "prealloc": 0, "transfer": 0},
-}
-
-
-def body(role: str, **values: float) -> str:
-    text = BASE[role]
-    for knob, value in {**EMPTY[role], **values}.items():
-        name, select = KNOBS[knob]
-        text = _set(text, name, value, select)
-        if name.endswith("_count"):  # keep the histogram consistent: +Inf bucket == count
-            text = _set(text, name[: -len("_count")] + "_bucket", value, {**select, "le": "+Inf"})
-    return text
+# The rendering lives with the bench's SGLang metrics player, so both play the same series.
+body = sglang_body
 
 
 Knob = float | list[float] | Callable[[int], float]
