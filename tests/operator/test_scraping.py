@@ -218,3 +218,25 @@ def test_the_cap_is_a_flag_of_pdwarden_run() -> None:
     assert parser.parse_args(["--max-metrics-bytes", "2097152"]).max_metrics_bytes == 2 * MIB
     with pytest.raises(SystemExit, match=r"--max-metrics-bytes must be 1\.\."):
         run(parser.parse_args(["--max-metrics-bytes", "0"]))
+
+
+def test_a_parse_past_its_deadline_is_a_scrape_error() -> None:
+    asyncio.run(_test_a_parse_past_its_deadline_is_a_scrape_error())
+
+
+async def _test_a_parse_past_its_deadline_is_a_scrape_error() -> None:
+    async with server(hostile_body) as port:
+        result = await scrape(WorkerClient(parse_deadline=1e-6), port)
+    assert result.sample is None and result.error == "parsing took longer than 1e-06s"
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [(b"[" * 100_000 + b"]" * 100_000, "nested too deeply"), (b"{not json", "not JSON")],
+)
+def test_rooms_answers_that_are_not_usable_json_are_scrape_errors(raw: bytes, why: str) -> None:
+    from pdwarden.samples import ScrapeError
+    from pdwarden.scraping import parse_rooms_body
+
+    with pytest.raises(ScrapeError, match=why):
+        parse_rooms_body(raw)
