@@ -127,7 +127,7 @@ class WorkerClient:
         self._limit = asyncio.Semaphore(concurrency)
         self._session: aiohttp.ClientSession | None = None
         # Its own pool: parsing never waits behind, nor starves, the loop's default executor.
-        self._parsers = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="pdwarden-parse")
+        self._parsers: ThreadPoolExecutor | None = None
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -139,7 +139,9 @@ class WorkerClient:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
-        self._parsers.shutdown(wait=False, cancel_futures=True)
+        if self._parsers is not None:
+            self._parsers.shutdown(wait=False, cancel_futures=True)
+            self._parsers = None
 
     async def _get(self, url: str, token: str | None = None) -> bytes:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -150,6 +152,8 @@ class WorkerClient:
 
     async def _off_loop(self, func: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
+        if self._parsers is None:
+            self._parsers = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="pdwarden-parse")
         try:
             return await asyncio.wait_for(
                 loop.run_in_executor(self._parsers, func, *args), self.parse_deadline

@@ -240,3 +240,13 @@ def test_rooms_answers_that_are_not_usable_json_are_scrape_errors(raw: bytes, wh
 
     with pytest.raises(ScrapeError, match=why):
         parse_rooms_body(raw)
+
+
+def test_a_closed_client_scrapes_again() -> None:
+    async def twice() -> list[ScrapeResult]:
+        client = WorkerClient()
+        async with server(benign_body) as port:
+            first = await scrape(client, port)  # closes the client
+            return [first, await scrape(client, port)]
+
+    assert [r.sample is not None for r in asyncio.run(twice())] == [True, True]
