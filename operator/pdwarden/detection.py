@@ -16,8 +16,9 @@ functions over recorded data, unit-tested on sample series. The rules:
   stopped moving. Wedged rooms hidden among healthy traffic that keeps draining the queue
   cannot be seen this way (no per-room ages); the rooms API rule above sees them.
 * DecodeStalled: a decode pod held requests for the whole window while nothing showed progress:
-  its per-step token counter flat, its throughput 0, no request finished (and, for requests
-  only queued, no KV arrived). Only signals that move while requests run can prove a stall
+  its per-step token counter flat (for engines without one, its throughput 0: with one, a
+  throughput gauge is no evidence, since a hung scheduler freezes its gauges), no request
+  finished (and, for requests only queued, no KV arrived). Only signals that move while requests run can prove a stall
   (`engine_metrics`: never a counter that moves only when a request ends). Requests merely
   queued (prealloc, transfer) count only when no prefill may still be computing a room for
   that pod; requests *running* always do.
@@ -103,7 +104,14 @@ def _moved(window: Sequence[Sample], name: str) -> bool:
 
 
 def _progressed(window: Sequence[Sample], *counters: str) -> bool:
-    return any(_moved(window, c) for c in counters) or any((s.throughput or 0) > 0 for s in window)
+    """Tokens generated, or one of `counters` moved. A per-step token counter, when reported,
+    is the authority: a scheduler that hangs freezes every gauge, so a throughput gauge stuck
+    at its last value proves nothing against a flat counter. Without one, throughput > 0."""
+    if any(_moved(window, c) for c in ("generated_tokens", *counters)):
+        return True
+    if all(s.generated_tokens is not None for s in window):
+        return False
+    return any((s.throughput or 0) > 0 for s in window)
 
 
 def decode_stalled(
@@ -123,7 +131,7 @@ def decode_stalled(
         return None
     # Progress: tokens generated, throughput, requests finished; for requests only queued, KV
     # arriving too (a stalled pdworker decode still lands KV for requests it never runs).
-    if _progressed(window, "generated_tokens", "completed"):
+    if _progressed(window, "completed"):
         return None
     if not running and _moved(window, "kv_transfers"):
         return None
@@ -170,7 +178,7 @@ def inflight_not_draining(
             return None  # a decode we cannot see over the window may be the one they wait on
         seen = [s for s in d.history if start <= s.at <= end] or [d.history[-1]]
         if all(s.queue("prealloc_queue") > 0 for s in seen) and _progressed(
-            seen, "generated_tokens", "completed", "kv_transfers"
+            seen, "completed", "kv_transfers"
         ):
             return None  # a busy decode is short of KV slots: rooms wait for it legally
     stuck = min(s.queue("inflight_queue") for s in window)

@@ -157,3 +157,13 @@ def test_decode_with_running_requests_and_no_step_progress() -> None:
     ))  # fmt: skip
     (f,) = detect([idle_prefill(20), decode], WEDGE_AFTER).findings
     assert f.reason == "DecodeStalled" and "running 4" in f.evidence
+
+
+def test_a_hung_scheduler_freezes_its_throughput_gauge() -> None:
+    """Gauges are written by the scheduler loop: if it hangs, gen_throughput keeps its last
+    value. The per-step token counter, flat for the window, is what tells."""
+    decode = pod("d-0", "decode", series(
+        "decode", 20, running=4, throughput=800.0, decode_tokens=77_000,
+    ))  # fmt: skip
+    (f,) = detect([idle_prefill(20), decode], WEDGE_AFTER).findings
+    assert f.reason == "DecodeStalled" and "generated tokens flat at 77000" in f.evidence
