@@ -382,3 +382,32 @@ def test_fuzz_rooms_only_yield_rooms_or_scrape_error(data: Any) -> None:
         assert math.isfinite(r.phase_seconds)
         assert r.peer_pod is None or isinstance(r.peer_pod, str)
         assert r.peer_incarnation is None or isinstance(r.peer_incarnation, str)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,8}", fullmatch=True),
+        st.text(
+            alphabet=st.sampled_from(["\\", '"', "\n", "n", "a", "é", " ", ",", "}", "="]),
+            max_size=40,
+        ),
+        max_size=5,
+    ),
+    st.floats(allow_nan=False, allow_infinity=False, width=32),
+)
+def test_fuzz_escaped_labels_round_trip(labels: dict[str, str], value: float) -> None:
+    """Any label values, escaped as the text format says, read back exactly (and as
+    prometheus-client's parser reads them)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    body = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+    text = f"sglang:num_running_reqs{{{body}}} {value!r}\n"
+    ((got, v),) = read_series(text, {"sglang:num_running_reqs"})["sglang:num_running_reqs"]
+    assert got == labels and v == value
+    (family,) = text_string_to_metric_families(text)
+    assert family.samples[0].labels == labels
