@@ -120,6 +120,7 @@ class OperatorLoop:
         self.ledger: list[LedgerEntry] = []
         self.events: list[dict[str, Any]] = []
         self.findings = 0
+        self.finding_log: list[dict[str, Any]] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
         self.t0 = time.monotonic()
@@ -171,6 +172,11 @@ class OperatorLoop:
                                          cordoned_since=p.cordoned_since, stale=stale))  # fmt: skip
         detection = detect(views, spec.wedge_after_seconds)
         self.findings += len(detection.findings)
+        self.finding_log += [
+            {"t": round(time.monotonic() - self.t0, 3), "pod": f.pod, "reason": f.reason,
+             "evidence": f.evidence[:200]}
+            for f in detection.findings
+        ][: max(0, 50 - len(self.finding_log))]  # fmt: skip
         now = datetime.now(UTC)
         n_decodes = sum(p.role == "decode" for p in self.pods)
         decision = plan(spec, detection, decodes, self.ledger, now, decode_replicas=n_decodes)
@@ -354,6 +360,8 @@ def long_prefill(settings: dict[str, Any]) -> dict[str, Any]:
         "findings": loop.findings,
         "actions": len(loop.events),
         "false_positives": loop.findings + len(loop.events),
+        "finding_log": loop.finding_log[:10],
+        "action_log": loop.events[:10],
     }
 
 

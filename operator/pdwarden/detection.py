@@ -18,10 +18,10 @@ functions over recorded data, unit-tested on sample series. The rules:
 * DecodeStalled: a decode pod held requests for the whole window while nothing showed progress:
   its per-step token counter flat (for engines without one, its throughput 0: with one, a
   throughput gauge is no evidence, since a hung scheduler freezes its gauges), no request
-  finished (and, for requests only queued, no KV arrived). Only signals that move while requests run can prove a stall
-  (`engine_metrics`: never a counter that moves only when a request ends). Requests merely
-  queued (prealloc, transfer) count only when no prefill may still be computing a room for
-  that pod; requests *running* always do.
+  finished (and, for requests only queued, no KV arrived). Only signals that move while
+  requests run can prove a stall (`engine_metrics`: never a counter that moves only when a
+  request ends). Requests merely queued (prealloc, transfer) count only when no prefill may
+  still be computing a room for that pod or sending its KV; requests *running* always do.
 
 A pod whose metrics are stale or missing is *unknown*: never healthy, never wedged.
 """
@@ -246,10 +246,12 @@ def _prefill_findings(
 def _decodes_waiting_on_prefill(
     pods: Sequence[PodView], window_seconds: float
 ) -> frozenset[str] | _Everyone:
-    """Decode pods that some prefill is still computing a room for (phase `forward`).
+    """Decode pods that some prefill is still computing a room for (phase `forward`), or is
+    sending one's KV to (phase `inflight`, younger than the window).
 
     A prefill without a rooms API (SGLang) may be computing for anyone unless its metrics show
-    it idle over the window: its prompt-token counter flat and nothing running or waiting. If
+    it idle over the window: its prompt-token counter flat and nothing running, waiting or
+    inflight (a wedged inflight queue is that prefill's finding, not the decode's). If
     a prefill pod cannot tell (stale, or no such counter), every decode pod may be waiting on
     it, so queued-but-idle decode pods are not judged stalled.
     """
@@ -265,12 +267,25 @@ def _decodes_waiting_on_prefill(
                 len(recent) >= 2
                 and all(s.prefill_tokens is not None for s in recent)
                 and not _moved(recent, "prefill_tokens")
-                and all(s.queue("running") + s.queue("waiting_queue") == 0 for s in recent)
+                and all(
+                    s.queue("running") + s.queue("waiting_queue") + s.queue("inflight_queue") == 0
+                    for s in recent
+                )
             )
             if not idle:
                 return EVERYONE
             continue
-        names |= {r.peer_pod for r in pod.rooms if r.phase == FORWARD_PHASE and r.peer_pod}
+        names |= {
+            r.peer_pod
+            for r in pod.rooms
+            if r.peer_pod
+            and (
+                r.phase == FORWARD_PHASE
+                # Its KV is on the way: the decode waits legitimately until the room is old
+                # enough to be InflightStuck on the prefill side.
+                or (r.phase == INFLIGHT_PHASE and r.phase_seconds <= window_seconds)
+            )
+        }
     return frozenset(names)
 
 

@@ -343,6 +343,18 @@ def test_a_decode_waiting_for_a_long_prefill_is_not_stalled() -> None:
     assert detect([done, waiting], WEDGE_AFTER).stalled_decodes == frozenset({"d-0"})
 
 
+def test_a_decode_waiting_for_kv_on_the_way_is_not_stalled() -> None:
+    """The long prefill is done and its room's KV is being sent: the decode still waits
+    legitimately (bench/recovery found one false cordon at that moment under load)."""
+    waiting = decode("d-0", history=series(20, transfer_queue=1, generated_tokens=500))
+    sending = prefill([room(1, "inflight", 1.5, peer="d-0")])
+    assert detect([sending, waiting], WEDGE_AFTER).stalled_decodes == frozenset()
+    # A room inflight for longer than the window is wedged on the prefill side instead.
+    stuck = prefill([room(1, "inflight", 61, peer="d-0")])
+    d = detect([stuck, waiting], WEDGE_AFTER)
+    assert [f.reason for f in d.findings] == ["InflightStuck", "DecodeStalled"]
+
+
 def test_without_rooms_from_every_prefill_only_stuck_running_requests_are_a_stall() -> None:
     queued = decode("d-0", history=series(20, transfer_queue=3, generated_tokens=500))
     running = decode("d-1", history=series(20, running=2, generated_tokens=500))
