@@ -8,12 +8,14 @@ parsed on a small thread pool with a deadline, never on the event loop that runs
 deployment's remediation: one hostile /metrics must not stall the operator (issue 13).
 
 Threads, not processes: the parser's cost is linear and bounded by the cap (20-100 ms per MiB
-of the worst inputs measured on a 2-core box, against ~1 s for prometheus-client's parser), so
-a parse thread holds the GIL only in short slices the event loop shares. Measured with 20
-hostile pods serving 1 MiB each (tests/operator/test_scraping.py): another deployment's cycle
-period grew 1.4-1.5x with threads, 1.2x with a process pool, and with the parser on the loop
-its scrapes timed out. A process pool would fork the multi-threaded operator and pickle every
-body across; the small gain does not pay for that.
+of the worst inputs measured on a 2-core box, against 0.4-1.7 s for prometheus-client's
+parser), so a parse thread holds the GIL only in short slices the event loop shares. Measured
+with 20 pods serving 1 MiB of the costliest valid input each, against 20 serving 1 MiB of
+benign SGLang output (tests/operator/test_scraping.py, load average ~20 on 2 cores): another
+deployment's cycle period was 0.8-1.2x the benign run's with the thread pool and 4.2-4.6x with
+this parser on the loop (prometheus-client's parser there made its scrapes time out). A
+process pool measured ~1.2x in an earlier setup: it would fork the multi-threaded operator and
+pickle every body across, for no gain that matters.
 """
 
 from __future__ import annotations

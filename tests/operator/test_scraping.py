@@ -11,33 +11,14 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import pytest
 from aiohttp import web
+from metrics_servers import MIB, benign_body, hostile_body, padded_body, serve_in_process
 
 from pdwarden.scraping import DEFAULT_MAX_BODY, ScrapeResult, Target, WorkerClient
 
-DATA = Path(__file__).parents[1] / "remediation" / "data"
-MIB = 1024 * 1024
 HOSTILE_PODS = 20
-
-
-def padded_body(size: int) -> bytes:
-    """A real SGLang decode body grown to `size` bytes with series nobody reads (histogram
-    buckets, as SGLang's own exposition is mostly), and one series we do read at the very end,
-    so a body cut anywhere loses it."""
-    head = (DATA / "sglang_decode_dp2_priority.prom").read_text()
-    tail = (
-        'sglang:num_decode_transfer_queue_reqs{dp_rank="3",engine_type="decode",'
-        'model_name="m",moe_ep_rank="0",pp_rank="0",priority="",tp_rank="3"} 7.0\n'
-    )
-    filler = 'sglang:inter_token_latency_seconds_bucket{le="0.002",model_name="m"} 1.0\n'
-    n = (size - len(head) - len(tail)) // len(filler)
-    body = head + filler * n + tail
-    body = body[: len(body) - len(tail)] + "#" * (size - len(body) - 1) + "\n" + tail
-    assert len(body) == size
-    return body.encode()
 
 
 @asynccontextmanager
@@ -126,20 +107,6 @@ def test_the_default_cap_is_about_a_mebibyte() -> None:
 # -- one hostile /metrics must not stall the operator (issue 13, item 3) -------------------
 
 
-def hostile_body() -> bytes:
-    """Just under the default cap of the costliest input that is still valid for the parser:
-    series we read, each with label values full of escapes (prometheus-client's parser took
-    ~1 s per MIB of this on the event loop)."""
-    value = '\\"' * 255
-    labels = ",".join(f'l{i}="{value}"' for i in range(7))
-    line = f'sglang:num_running_reqs{{{labels},tp_rank="0"}} 1\n'.encode()
-    return line * (DEFAULT_MAX_BODY // len(line))
-
-
-def benign_body() -> bytes:
-    return (DATA / "sglang_decode_dp2_priority.prom").read_bytes()
-
-
 async def healthy_cycle_period(others: list[int], healthy_port: int) -> tuple[float, int]:
     """Mean period of another deployment's scrape cycles (one pod, 50 ms apart) while a second
     client scrapes `others` round after round; also returns how many rounds ran meanwhile."""
@@ -174,37 +141,21 @@ async def healthy_cycle_period(others: list[int], healthy_port: int) -> tuple[fl
 
 
 def test_hostile_pods_do_not_stall_another_deployments_cycles() -> None:
-    asyncio.run(_test_hostile_pods_do_not_stall_another_deployments_cycles())
-
-
-async def _test_hostile_pods_do_not_stall_another_deployments_cycles() -> None:
-    async with (
-        server(benign_body) as healthy_port,
-        asynccontextmanager_many(HOSTILE_PODS, hostile_body) as hostile,
-        asynccontextmanager_many(HOSTILE_PODS, benign_body) as benign,
+    """20 pods serve 1 MiB of the costliest valid input each; the baseline run scrapes 20 pods
+    serving 1 MiB of benign SGLang output, so both move the same bytes and only parsing differs.
+    The pods run in a process of their own, like pods elsewhere."""
+    with (
+        serve_in_process("benign", 1) as (healthy_port,),
+        serve_in_process("benign-1mib", HOSTILE_PODS) as benign,
+        serve_in_process("hostile", HOSTILE_PODS) as hostile,
     ):
-        baseline, _ = await healthy_cycle_period(benign, healthy_port)
-        attacked, rounds = await healthy_cycle_period(hostile, healthy_port)
+        baseline, _ = asyncio.run(healthy_cycle_period(benign, healthy_port))
+        attacked, rounds = asyncio.run(healthy_cycle_period(hostile, healthy_port))
     assert rounds >= 2
-    # The same loop with 20 hostile pods keeps its period (measured on this 2-core machine:
-    # see the report; the synchronous parser made one 10 ms ticker tick twice instead of ~415).
-    assert attacked / baseline < 3.0, (attacked, baseline)
-
-
-@asynccontextmanager
-async def asynccontextmanager_many(
-    n: int, make_body: Callable[[], bytes]
-) -> AsyncIterator[list[int]]:
-    body = make_body()
-    ports: list[int] = []
-    managers = [server(lambda: body) for _ in range(n)]
-    try:
-        for m in managers:
-            ports.append(await m.__aenter__())
-        yield ports
-    finally:
-        for m in managers[: len(ports)]:
-            await m.__aexit__(None, None, None)
+    # Same machine, same test, same bytes: the period stays within a small factor (0.8-1.2x
+    # measured here); with the same parser on the event loop it was 4.2-4.6x, and with
+    # prometheus-client's parser there the healthy scrapes timed out (loop blocked > 2 s).
+    assert attacked / baseline < 2.5, (attacked, baseline)
 
 
 def test_the_cap_is_a_flag_of_pdwarden_run() -> None:
