@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from pdwarden.constants import WORKER_PORT
 from pdwarden.samples import RoomView, Sample, ScrapeError, parse_metrics, parse_rooms
 from pdworker.contract import ADMIN_ROOMS_FAIL_PATH, ADMIN_ROOMS_PATH, METRICS_PATH
 
@@ -29,7 +30,7 @@ class Target:
     uid: str
     role: str
     ip: str
-    port: int = 8000
+    port: int = WORKER_PORT
     rooms: bool = False  # also read GET /admin/rooms (pdworker prefill)
 
     @property
