@@ -172,12 +172,22 @@ def cycle_status(
 
 # -- two writers, one ledger ---------------------------------------------------------------
 
-EntryKey = tuple[str, str, str, str, bool]
+EntryKey = tuple[str, str, str, str, int, str, bool, str]
 
 
 def entry_key(e: LedgerEntry) -> EntryKey:
-    """An action's identity: the same decision recorded twice is one entry."""
-    return (e.time.isoformat(), e.action, e.pod, e.peer or "", e.dry_run)
+    """An entry's identity is all of it: the same record seen twice (a write whose answer was
+    lost, then carried again) is one entry; two that differ in anything are two."""
+    return (
+        e.time.isoformat(),
+        e.action,
+        e.pod,
+        e.peer or "",
+        e.rooms,
+        e.reason,
+        e.dry_run,
+        e.outcome,
+    )
 
 
 def merge_history(*histories: Iterable[LedgerEntry]) -> list[LedgerEntry]:
