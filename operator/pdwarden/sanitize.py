@@ -20,18 +20,16 @@ MAX_TOKEN: Final = 128  # incarnations, phases: short opaque words
 MAX_ERROR: Final = 512  # one pod's scrape error, as shown in a condition message
 MAX_SECONDS: Final = 10.0 * 365 * 24 * 3600  # a decade: more is garbage, not an age
 _POD_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_UNPRINTABLE = re.compile(r"[^\x20-\x7e\u00a0-\ud7ff\ue000-\ufffd]+")
 ELLIPSIS: Final = "..."
 
 
 def text(value: object, limit: int) -> str:
     """Printable, single-line, at most `limit` characters (cut with an ellipsis)."""
-    out = _UNPRINTABLE.sub(" ", str(value))
-    if len(out) <= limit:
-        return out
-    if limit <= len(ELLIPSIS):
-        return out[: max(limit, 0)]
-    return out[: limit - len(ELLIPSIS)] + ELLIPSIS
+    raw = str(value)
+    cut = len(raw) > limit
+    keep = limit - len(ELLIPSIS) if cut and limit > len(ELLIPSIS) else max(limit, 0)
+    out = "".join(c if c.isprintable() else " " for c in raw[:keep])
+    return out + ELLIPSIS if cut and limit > len(ELLIPSIS) else out
 
 
 def pod_name(value: str | None) -> str | None:
