@@ -46,18 +46,21 @@ class Workloads:
     router_deployments: frozenset[str] = frozenset()  # names of owned Deployments
 
     @classmethod
-    def of(cls, objects: Iterable[Obj], owner_uid: str) -> Workloads:
+    def of(
+        cls, stateful_sets: Iterable[Obj], deployments: Iterable[Obj], owner_uid: str
+    ) -> Workloads:
+        """From listed objects (a LIST's items carry no `kind`, hence two arguments)."""
         sts: dict[str, tuple[str, int]] = {}
-        deps: set[str] = set()
-        for obj in objects:
-            if not owned_by(obj, owner_uid):
-                continue
+        for obj in stateful_sets:
             meta = obj.get("metadata") or {}
-            if obj.get("kind") == "StatefulSet" and meta.get("uid") and meta.get("name"):
+            if owned_by(obj, owner_uid) and meta.get("uid") and meta.get("name"):
                 replicas = (obj.get("spec") or {}).get("replicas")
                 sts[str(meta["uid"])] = (str(meta["name"]), int(replicas or 0))
-            elif obj.get("kind") == "Deployment" and meta.get("name"):
-                deps.add(str(meta["name"]))
+        deps = {
+            str((obj.get("metadata") or {}).get("name"))
+            for obj in deployments
+            if owned_by(obj, owner_uid) and (obj.get("metadata") or {}).get("name")
+        }
         return cls(sts, frozenset(deps))
 
 

@@ -90,7 +90,7 @@ async def observe(client: KubeApi, owner: Owner) -> Observed:
     for obj in [*sts, *deps]:
         if owned_by(obj, owner.uid):
             by_role[obj["metadata"]["labels"].get(LABEL_ROLE, "")] = obj
-    workloads = Workloads.of([*sts, *deps], owner.uid)
+    workloads = Workloads.of(sts, deps, owner.uid)
     return Observed(workloads=by_role, pods=[p for p in pods if owned_chain(p, workloads)])
 
 

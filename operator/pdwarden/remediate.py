@@ -130,7 +130,7 @@ class Remediator:
         sel = selector(owner.name)
         sets = await self.client.list("apps/v1", "StatefulSet", owner.namespace, sel)
         pods = await self.client.list("v1", "Pod", owner.namespace, sel)
-        workloads = Workloads.of(sets, owner.uid)
+        workloads = Workloads.of(sets, (), owner.uid)
         mine = [p for p in pods if owned_chain(p, workloads)]
         if len(mine) != len(pods):
             log.warning(

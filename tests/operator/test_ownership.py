@@ -11,7 +11,7 @@ OWNER = "uid-pdd"
 
 def sts(name: str, uid: str, replicas: int, owner: str = OWNER) -> dict[str, Any]:
     meta = {"name": name, "uid": uid, "ownerReferences": [{"uid": owner}]}
-    return {"kind": "StatefulSet", "spec": {"replicas": replicas}, "metadata": meta}
+    return {"spec": {"replicas": replicas}, "metadata": meta}
 
 
 def pod(name: str, kind: str = "StatefulSet", owner: str = "pd-decode", uid: str = "uid-sts",
@@ -21,15 +21,10 @@ def pod(name: str, kind: str = "StatefulSet", owner: str = "pd-decode", uid: str
     return {"metadata": {"name": name, "ownerReferences": [ref]}}
 
 
+# As a LIST returns them: items carry no `kind`.
 WORKLOADS = Workloads.of(
-    [
-        sts("pd-decode", "uid-sts", 2),
-        sts("pd-prefill", "uid-foreign", 2, owner="someone-else"),
-        {
-            "kind": "Deployment",
-            "metadata": {"name": "pd-router", "ownerReferences": [{"uid": OWNER}]},
-        },
-    ],
+    [sts("pd-decode", "uid-sts", 2), sts("pd-prefill", "uid-foreign", 2, owner="someone-else")],
+    [{"metadata": {"name": "pd-router", "ownerReferences": [{"uid": OWNER}]}}],
     OWNER,
 )
 

@@ -121,8 +121,8 @@ class KubeFake:
         self, api_version: str, kind: str, namespace: str, label_selector: str
     ) -> list[Obj]:
         self._enter("list")
-        return [
-            copy.deepcopy(o)
+        return [  # as the API server lists them: items carry no kind or apiVersion
+            {k_: v for k_, v in copy.deepcopy(o).items() if k_ not in ("kind", "apiVersion")}
             for (k, ns, _), o in self.objects.items()
             if k == kind and ns == namespace and _matches(o, label_selector)
         ]
