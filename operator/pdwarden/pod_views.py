@@ -65,7 +65,7 @@ class DeploymentMemory:
     # Ledger entries of actions taken but not yet in a status write that succeeded: the next
     # plan counts them (cooldown, breaker) and the next write carries them.
     unrecorded: list[LedgerEntry] = field(default_factory=list)
-    cycles: int = 0  # cycles finished (whatever their outcome)
+    foreign: set[str] = field(default_factory=set)  # look-alike pods already reported
 
 
 def _role(pod: Obj) -> str | None:

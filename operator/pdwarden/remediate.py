@@ -23,7 +23,12 @@ from typing import Any, Literal
 from pdwarden import metrics, sanitize
 from pdwarden.api import LedgerEntry, PDDeploymentSpec, PDDeploymentStatus, RemediationStatus
 from pdwarden.api.status import MAX_HISTORY, MAX_MESSAGE
-from pdwarden.constants import ANNOTATION_RESET_BREAKER, CONDITION_SERVING, WORKER_PORT
+from pdwarden.constants import (
+    ANNOTATION_RESET_BREAKER,
+    CONDITION_SERVING,
+    LABEL_ROLE,
+    WORKER_PORT,
+)
 from pdwarden.detection import Detection, detect
 from pdwarden.k8s.events import post_event
 from pdwarden.ledger import (
@@ -35,6 +40,7 @@ from pdwarden.ledger import (
 )
 from pdwarden.ownership import Workloads, owned_chain, selector
 from pdwarden.pod_views import (
+    WORKER_ROLES,
     DeploymentMemory,
     Observation,
     WorkerPod,
@@ -125,18 +131,28 @@ class Remediator:
             return None
 
     async def our_pods(self, owner: Owner) -> list[dict[str, Any]]:
-        """Pods whose owner chain leads to this PDDeployment; look-alikes carrying our labels
-        are never scraped with the token, judged or acted on."""
+        """Worker pods whose owner chain leads to this PDDeployment; look-alikes carrying our
+        labels are never scraped with the token, judged or acted on (and reported once)."""
         sel = selector(owner.name)
         sets = await self.client.list("apps/v1", "StatefulSet", owner.namespace, sel)
         pods = await self.client.list("v1", "Pod", owner.namespace, sel)
         workloads = Workloads.of(sets, (), owner.uid)
-        mine = [p for p in pods if owned_chain(p, workloads)]
-        if len(mine) != len(pods):
+        mine, foreign = [], set()
+        for p in pods:
+            meta = p.get("metadata") or {}
+            if (meta.get("labels") or {}).get(LABEL_ROLE) not in WORKER_ROLES:
+                continue  # the router: never scraped, never acted on
+            if owned_chain(p, workloads):
+                mine.append(p)
+            elif not meta.get("deletionTimestamp"):
+                foreign.add(str(meta.get("name")))
+        mem = self.memory.setdefault(owner.uid, DeploymentMemory())
+        if foreign - mem.foreign:
             log.warning(
-                "%s/%s: ignoring %d pod(s) with our labels but not our owner chain",
-                owner.namespace, owner.name, len(pods) - len(mine),
+                "%s/%s: ignoring pod(s) with our labels but not our owner chain: %s",
+                owner.namespace, owner.name, ", ".join(sorted(foreign - mem.foreign)),
             )  # fmt: skip
+        mem.foreign = foreign
         return mine
 
     async def cycle(
