@@ -33,5 +33,12 @@ ROLE_DECODE: Final = "decode"
 ROLE_ROUTER: Final = "router"
 ROLES: Final = (ROLE_PREFILL, ROLE_DECODE, ROLE_ROUTER)
 
-HANDLER_RECONCILE: Final = "reconcile"
-HANDLER_SCRAPE: Final = "scrape"
+# kopf handler ids (kopf keys its progress annotations by them: never rename one lightly).
+HANDLER_RECONCILE: Final = "reconcile"  # create/update/resume of a PDDeployment
+HANDLER_RESYNC: Final = "resync"  # the level-based reconcile daemon
+HANDLER_SCRAPE: Final = "scrape"  # the scrape-detect-remediate daemon
+HANDLER_FORGET: Final = "forget"  # deletion: drop per-object memory
+
+# The HTTP port of every worker container (metrics, admin API, generate); render and scraping
+# both use this one.
+WORKER_PORT: Final = 8000

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -60,7 +60,6 @@ class Plan:
     budget: int = 0
     held_back: tuple[str, ...] = ()  # decisions not taken, and why
     dry_run: bool = False
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
 
 def decode_budget(spec: RemediationSpec, decode_replicas: int) -> int:
@@ -84,6 +83,30 @@ def actions_in_last_hour(
         and e.outcome != "Skipped"
         and e.action != "UncordonDecode"
     )
+
+
+@dataclass(frozen=True)
+class Breaker:
+    """The circuit breaker over a ledger: actions counted this hour, and whether it is open."""
+
+    used: int
+    limit: int
+
+    @property
+    def open(self) -> bool:
+        return self.used >= self.limit
+
+
+def breaker(
+    history: Sequence[LedgerEntry],
+    now: datetime,
+    *,
+    dry_run: bool,
+    reset_at: datetime | None,
+    limit: int,
+) -> Breaker:
+    """The one place the breaker's state is computed (for the plan and for the status)."""
+    return Breaker(actions_in_last_hour(history, now, dry_run, reset_at), limit)
 
 
 def _last_action_on(history: Sequence[LedgerEntry], pod: str, dry_run: bool) -> LedgerEntry | None:
@@ -139,8 +162,10 @@ def plan(
     budget = decode_budget(spec, decode_replicas)
     if spec.mode == "Off":
         return Plan(budget=budget)
-    used = actions_in_last_hour(history, now, dry_run, breaker_reset_at)
-    suspended = used >= spec.max_actions_per_hour
+    state = breaker(
+        history, now, dry_run=dry_run, reset_at=breaker_reset_at, limit=spec.max_actions_per_hour
+    )
+    used = state.used
     allowed = set(spec.actions)
     actions: list[Action] = []
     held: list[str] = []
@@ -251,7 +276,7 @@ def plan(
             actions.append(Action("UncordonDecode", name, "healthy for a full window", uid=d.uid))
     return Plan(
         actions=tuple(actions),
-        suspended=suspended,
+        suspended=state.open,
         budget=budget,
         held_back=tuple(held),
         dry_run=dry_run,
