@@ -261,7 +261,7 @@ def test_printer_columns_show_health_at_a_glance() -> None:
 
 
 def test_status_round_trips_and_reuses_the_pddeployment_shapes() -> None:
-    raw = {
+    raw: dict[str, Any] = {
         "observedGeneration": 2,
         "conditions": [
             {"type": "Conflict", "status": "True", "reason": "PodsSelectedTwice",
