@@ -141,3 +141,49 @@ def test_status_and_printer_columns(api: tuple[Cluster, str]) -> None:
         assert row.split()[:7] == ["glance", "DryRun", "sglang", "2", "4", "2", "7"]
     finally:
         cluster.kubectl("delete", "pdrp", "glance", "-n", ns, check=False)
+
+
+LABEL_SETS = [
+    {"app": "sg", "role": "prefill"},
+    {"app": "sg", "role": "decode"},
+    {"app": "sg", "role": "decode", "tier": "gold"},
+    {"app": "sg", "role": "decode", "tier": "silver", "pdwarden.dev/serving": "true"},
+    {"app": "other", "role": "decode"},
+    {"role": "decode", "example.com/shard": "a-1"},
+]
+SELECTORS = [
+    {"matchLabels": {"app": "sg", "role": "decode"}},
+    {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["gold", "bronze"]}]},
+    {"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["gold"]}]},
+    {"matchExpressions": [{"key": "tier", "operator": "Exists"}]},
+    {"matchLabels": {"role": "decode"},
+     "matchExpressions": [{"key": "app", "operator": "DoesNotExist"}]},
+    {"matchLabels": {"role": "decode"},
+     "matchExpressions": [{"key": "pdwarden.dev/serving", "operator": "NotIn", "values": ["false"]},
+                          {"key": "app", "operator": "In", "values": ["sg"]}]},
+    {"matchExpressions": [{"key": "example.com/shard", "operator": "In", "values": ["a-1"]}]},
+]  # fmt: skip
+
+
+def test_selector_matching_and_query_agree_with_the_api_server(api: tuple[Cluster, str]) -> None:
+    """The loop lists pods with to_query() and re-checks with matches(): both mean what the API
+    server means. Pods are bound to a node that does not exist, so nothing runs them."""
+    from pdwarden.api import LabelSelector
+
+    cluster, ns = api
+    pods = [
+        {"apiVersion": "v1", "kind": "Pod",
+         "metadata": {"name": f"sel-{i}", "labels": {**labels, "selector-test": "yes"}},
+         "spec": {"nodeName": "nowhere", "containers": [{"name": "c", "image": "busybox"}]}}
+        for i, labels in enumerate(LABEL_SETS)
+    ]  # fmt: skip
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(pods))
+    for raw in SELECTORS:
+        selector = LabelSelector.model_validate(raw)
+        query = selector.to_query() + ",selector-test=yes"
+        out = cluster.kubectl("get", "pods", "-n", ns, "-l", query, "-o", "name")
+        server = {line.removeprefix("pod/") for line in out.stdout.split()}
+        ours = {f"sel-{i}" for i, labels in enumerate(LABEL_SETS) if selector.matches(labels)}
+        assert server == ours, (raw, query)
+        assert 0 < len(ours) < len(LABEL_SETS), raw  # every selector tells pods apart
+    cluster.kubectl("delete", "pods", "-n", ns, "-l", "selector-test=yes", "--wait=false")
