@@ -15,6 +15,17 @@ SINGULAR: Final = "pddeployment"
 SHORT_NAME: Final = "pdd"
 CRD_NAME: Final = f"{PLURAL}.{GROUP}"
 
+# PDRemediationPolicy: remediation for PD pods that pdwarden did not create (issue 14).
+POLICY_KIND: Final = "PDRemediationPolicy"
+POLICY_PLURAL: Final = "pdremediationpolicies"
+POLICY_SINGULAR: Final = "pdremediationpolicy"
+POLICY_SHORT_NAME: Final = "pdrp"
+POLICY_CRD_NAME: Final = f"{POLICY_PLURAL}.{GROUP}"
+# Label a policy sets on the foreign pods it cordons; the user's Service selects value "true".
+LABEL_SERVING: Final = f"{GROUP}/serving"
+SERVING_TRUE: Final = "true"
+SERVING_FALSE: Final = "false"
+
 FIELD_MANAGER: Final = "pdwarden"
 FINALIZER: Final = f"{GROUP}/finalizer"
 ANNOTATION_PREFIX: Final = GROUP

@@ -15,8 +15,12 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+ALL_EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+# PDRemediationPolicy examples are named policy-*.yaml (tested in test_policy_api.py).
+EXAMPLES = [p for p in ALL_EXAMPLES if not p.name.startswith("policy-")]
+POLICY_EXAMPLES = [p for p in ALL_EXAMPLES if p.name.startswith("policy-")]
 CRD_FILE = ROOT / "crds" / "pddeployments.pdwarden.dev.yaml"
+POLICY_CRD_FILE = ROOT / "crds" / "pdremediationpolicies.pdwarden.dev.yaml"
 DELETE = object()  # marks a key to remove in a patch
 
 BASE_SPEC: dict[str, Any] = {
@@ -115,5 +119,10 @@ BAD_SPECS: list[Bad] = [
 
 
 def load_examples() -> dict[str, dict[str, Any]]:
-    """Every example manifest by file name."""
+    """Every PDDeployment example manifest by file name."""
     return {p.name: yaml.safe_load(p.read_text()) for p in EXAMPLES}
+
+
+def load_policy_examples() -> dict[str, dict[str, Any]]:
+    """Every PDRemediationPolicy example manifest by file name."""
+    return {p.name: yaml.safe_load(p.read_text()) for p in POLICY_EXAMPLES}

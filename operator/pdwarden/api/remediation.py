@@ -105,8 +105,10 @@ class RemediationSpec(ApiModel):
         max_length=len(ACTIONS),
         description=(
             "What remediation may do, a set of FailRooms (fail wedged rooms on prefill), "
-            "CordonDecode (readiness gate False on the decode pod they wait on) and RestartDecode "
-            "(delete a cordoned decode pod that still makes no progress; needs CordonDecode)."
+            "CordonDecode (take the decode pod they wait on out of service: its readiness gate "
+            "for a PDDeployment, the cordon label for a PDRemediationPolicy) and RestartDecode "
+            "(delete, for a policy evict, a cordoned decode pod that still makes no progress; "
+            "needs CordonDecode)."
         ),
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
@@ -123,8 +125,9 @@ class RemediationSpec(ApiModel):
         "25%",
         description=(
             "Budget of decode pods that remediation may hold cordoned or restarting at once: a "
-            "count, or a percentage (0%-99%) of spec.decode.replicas rounded down. Remediation "
-            "never takes the last ready decode pod out of service."
+            "count, or a percentage (0%-99%) rounded down of spec.decode.replicas (for a "
+            "PDRemediationPolicy: of the pods decodeSelector matches). Remediation never takes "
+            "the last ready decode pod out of service."
         ),
     )
     max_actions_per_hour: int = Field(
