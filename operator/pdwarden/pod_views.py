@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final
 
@@ -134,6 +134,23 @@ def is_stale(pm: PodMemory, mono: float, interval: float) -> bool:
     return mono - pm.last_ok > STALE_AFTER_INTERVALS * interval
 
 
+def attribute_peers(
+    rooms: Sequence[RoomView], decode_ips: Mapping[str, str]
+) -> tuple[RoomView, ...]:
+    """Name each room's decode peer from the address the prefill verified, never from the
+    peer's own word: a room whose verified address is one of our decode pods' IPs is that
+    pod's; one whose address is no current decode pod's is attributed to the bare address (it
+    can match no pod, so it is judged gone and can get no pod cordoned); one with no verified
+    address has no peer at all."""
+    out = []
+    for r in rooms:
+        if r.peer_ip is None:
+            out.append(replace(r, peer_pod=None, peer_incarnation=None))
+        else:
+            out.append(replace(r, peer_pod=decode_ips.get(r.peer_ip, r.peer_ip)))
+    return tuple(out)
+
+
 def pod_views(
     targets: Sequence[WorkerPod],
     observations: Mapping[str, Observation],
@@ -141,15 +158,18 @@ def pod_views(
     mono: float,
     interval: float,
 ) -> list[PodView]:
-    """What detection sees of each scraped pod: its recent history, rooms, and staleness."""
+    """What detection sees of each scraped pod: its recent history, rooms (peers named by
+    verified address), and staleness."""
+    decode_ips = {t.ip: t.name for t in targets if t.role == ROLE_DECODE}
     views = []
     for t in targets:
         pm = mem.pods.get(t.uid, PodMemory())
         o = observations.get(t.uid)
+        rooms = None if o is None or o.rooms is None else attribute_peers(o.rooms, decode_ips)
         views.append(
             PodView(
                 name=t.name, role=t.role, uid=t.uid, history=tuple(pm.samples),
-                rooms=o.rooms if o is not None else None,
+                rooms=rooms,
                 stale=is_stale(pm, mono, interval) or o is None, error=pm.last_error,
             )
         )  # fmt: skip

@@ -110,3 +110,28 @@ def test_a_finding_is_announced_once_until_it_clears() -> None:
     assert new_findings(seen, Detection(findings=(f,)), NOW) == []
     assert new_findings(seen, Detection(), NOW) == []
     assert new_findings(seen, Detection(findings=(f,)), NOW) == [f]
+
+
+def _room(n: int, claimed: str | None, ip: str | None) -> RoomView:
+    return RoomView(n, "inflight", 90.0, claimed, "inc-1", ip)
+
+
+def test_a_rooms_peer_is_named_by_the_verified_address_never_by_its_own_word() -> None:
+    targets = [
+        WorkerPod("pd-prefill-0", "u-p0", "prefill", "127.0.1.1", rooms=True),
+        WorkerPod("pd-decode-0", "u-d0", "decode", "127.0.2.1", rooms=False),
+        WorkerPod("pd-decode-1", "u-d1", "decode", "127.0.2.2", rooms=False),
+    ]
+    rooms = [
+        _room(1, "pd-decode-1", "127.0.2.1"),  # claims decode-1, verified as decode-0
+        _room(2, "pd-decode-0", "127.0.9.9"),  # no current decode pod has this address
+        _room(3, "pd-decode-1", None),  # no verified address: no peer at all
+    ]
+    obs = {t.uid: observation(t.uid, Sample(at=1.0), rooms if t.rooms else None, None)
+           for t in targets}  # fmt: skip
+    mem = DeploymentMemory()
+    remember(mem, list(obs.values()), keep_seconds=60.0)
+    (prefill, *_) = pod_views(targets, obs, mem, mono=1.0, interval=5.0)
+    assert prefill.rooms is not None
+    peers = {r.room: (r.peer_pod, r.peer_incarnation) for r in prefill.rooms}
+    assert peers == {1: ("pd-decode-0", "inc-1"), 2: ("127.0.9.9", "inc-1"), 3: (None, None)}

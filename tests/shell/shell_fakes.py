@@ -250,6 +250,12 @@ def pod(
     )  # fmt: skip
 
 
+def fake_ip(pod_name: str) -> str:
+    """The IP `cluster` gives a pod: pd-prefill-i is 127.0.1.(i+1), pd-decode-i 127.0.2.(i+1)."""
+    role, _, index = pod_name.rpartition("-")
+    return f"127.0.{2 if role.endswith('decode') else 1}.{int(index) + 1}"
+
+
 def cluster(kube: KubeFake, prefill: int = 2, decode: int = 2, **remediation: Any) -> Obj:
     """A PDDeployment `ns/pd` with prefill pods pd-prefill-i (127.0.1.i) and decode pods
     pd-decode-i (127.0.2.i), each owned by its StatefulSet; returns the PDDeployment."""
@@ -288,7 +294,8 @@ class WorkerFake:
     def stuck(self, prefill: str, decode: str, *rooms: int, seconds: float = 30.0) -> None:
         """Rooms of `prefill` stuck in its inflight queue, waiting on `decode`."""
         self.rooms[prefill] += [
-            RoomView(r, "inflight", seconds, decode, self.incarnation(decode)) for r in rooms
+            RoomView(r, "inflight", seconds, decode, self.incarnation(decode), fake_ip(decode))
+            for r in rooms
         ]
 
     def incarnation(self, pod: str) -> str:
