@@ -43,6 +43,7 @@ from pdwarden.remediation import Action, DecodePod, Plan, actions_in_last_hour, 
 from pdwarden.render import Owner, names
 from pdwarden.samples import Sample, ScrapeError
 from pdwarden.scraping import ScrapeResult, Target, WorkerClient
+from pdwarden.sglang_admin import PrefillAborter, SGLangAdmin
 from pdwarden.tokens import derive_token
 
 log = logging.getLogger("pdwarden.remediate")
@@ -108,6 +109,14 @@ def _decode_pod(pod: Obj, stale: bool) -> DecodePod:
     )
 
 
+def _prefill_pods(pods: list[Obj], stale: set[str]) -> list[DecodePod]:
+    return [
+        _decode_pod(p, p["metadata"]["name"] in stale)
+        for p in pods
+        if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) == ROLE_PREFILL
+    ]
+
+
 def _targets(pods: list[Obj], engine: str) -> list[Target]:
     out = []
     for pod in pods:
@@ -130,10 +139,15 @@ class Remediator:
     """Runs cycles for every PDDeployment of one operator process."""
 
     def __init__(
-        self, client: KubeClient, workers: WorkerClient, token_key: bytes | None = None
+        self,
+        client: KubeClient,
+        workers: WorkerClient,
+        token_key: bytes | None = None,
+        sglang: PrefillAborter | None = None,
     ) -> None:
         self.client = client
         self.workers = workers
+        self.sglang = sglang or SGLangAdmin()
         self.token_key = token_key
         self.memory: dict[str, DeploymentMemory] = {}
 
@@ -225,6 +239,7 @@ class Remediator:
         decision = plan(
             rem, detection, decodes, remediation.history, now,
             decode_replicas=spec.decode.replicas, breaker_reset_at=reset_at,
+            engine=spec.engine, prefills=_prefill_pods(pods, stale_names),
         )  # fmt: skip
         await self._announce_new_wedges(body, mem, detection, now)
         ledger = await self._execute(
@@ -316,7 +331,8 @@ class Remediator:
         self, owner: Owner, action: Action, target: Target | None, token: str | None, now: datetime
     ) -> tuple[str, int | None]:
         """Carry out one action; returns a detail for the ledger and, for FailRooms, how many
-        rooms the worker really failed (rooms that finished meanwhile are not counted)."""
+        rooms the worker really failed (rooms that finished meanwhile are not counted), for
+        AbortRequests how many requests the SGLang prefill held when all were aborted."""
         ns = owner.namespace
         if action.kind == "FailRooms":
             if target is None or not target.rooms:
@@ -332,9 +348,14 @@ class Remediator:
                  "message": f"pdwarden: {action.reason}", "lastTransitionTime": _iso(now)},
             )  # fmt: skip
             return "", None
-        if action.kind == "RestartDecode":
+        if action.kind in ("RestartDecode", "RestartPrefill"):
             deleted = await self.client.delete_pod(ns, action.pod, action.uid)
             return ("" if deleted else "skipped: the pod was already gone or replaced"), None
+        if action.kind == "AbortRequests":
+            if target is None:
+                return "skipped: the prefill pod has no address (not running)", 0
+            report = await self.sglang.abort_all(target.base)
+            return report.detail(f"{action.pod} ({target.base})"), report.aborted
         raise ValueError(f"unknown action {action.kind}")
 
     async def _announce_new_wedges(

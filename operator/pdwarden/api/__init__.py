@@ -9,7 +9,7 @@ from pdwarden.api.base import Rule
 from pdwarden.api.crd import build_crd, render_crd_yaml
 from pdwarden.api.parse import InvalidSpec, parse_spec, parse_status, spec_to_wire, status_to_wire
 from pdwarden.api.pools import RouterSpec, WorkerPoolSpec
-from pdwarden.api.remediation import ACTIONS, Action, Mode, RemediationSpec
+from pdwarden.api.remediation import ACTIONS, DEFAULT_ACTIONS, Action, Mode, RemediationSpec
 from pdwarden.api.spec import Engine, ModelSpec, PDDeploymentSpec, TransferSpec
 from pdwarden.api.status import (
     CONDITION_TYPES,
@@ -27,6 +27,7 @@ from pdwarden.api.status import (
 __all__ = [
     "ACTIONS",
     "CONDITION_TYPES",
+    "DEFAULT_ACTIONS",
     "Action",
     "Condition",
     "ConditionType",
