@@ -28,7 +28,7 @@ GET /sim/state reports what the simulator did): prefill `healthy` (saturated: th
 never empties but drains), `wedged` (rooms stay in the inflight queue until an abort), `wedged
 -sticky` (an abort does not free them), `idle`; decode `healthy` (short requests), `long` (four long
 requests: throughput, no finishes), `idle`, `stalled` (requests wait in the transfer queue, no
-throughput). A restarted pod starts again in its default phase.
+throughput). A restarted pod starts again in the phase of $SGLANG_SIM_PHASE (default healthy).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ import tempfile
 import time
 from typing import Any
 
+PHASE_ENV = "SGLANG_SIM_PHASE"  # the phase a (re)started pod begins in; default healthy
 TICK = 0.25
 WARMUP_SECONDS = 1.0
 LONG_REQUESTS = 4
@@ -326,6 +327,7 @@ def main(argv: list[str] | None = None) -> None:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         engine = Engine(args)
+        engine.set_phase(os.environ.get(PHASE_ENV, "healthy"))
         engine.publish()
         asyncio.run(serve(args, engine, registry))
     finally:
