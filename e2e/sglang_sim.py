@@ -178,6 +178,8 @@ class Engine:
                 self.held[rank]["inflight"] = self._share(WEDGED_ROOMS, rank)
             elif phase == "long":
                 self.held[rank]["running"] = self._share(LONG_REQUESTS, rank)
+                if rank == 0:  # a pod that served before: the finish-time counters exist
+                    self._finish(rank, prompt=512, generated=128)
             elif phase == "stalled":
                 self.held[rank].update(transfer=3, prealloc=1)
 
