@@ -62,9 +62,7 @@ class SGLangSpec(ApiModel):
     when the server is idle, with a timeout above SGLang's own 20 s health-check timeout.
     """
 
-    cache: CacheSpec = nested(
-        CacheSpec, "Writable cache directories (Hugging Face downloads, JIT kernels)."
-    )
+    cache: CacheSpec = nested(CacheSpec)
     shm_size: Quantity | None = Field(
         None,
         description=(
