@@ -16,12 +16,17 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
-from pdwarden.sglang_admin import AdminCallError, SGLangAdmin, held_requests
+from pdwarden.remediate import Remediator
+from pdwarden.remediation import Action
+from pdwarden.render import Owner
+from pdwarden.scraping import Target
+from pdwarden.sglang_admin import AbortReport, AdminCallError, Held, SGLangAdmin, held_requests
 
 SIM = Path(__file__).resolve().parents[2] / "e2e" / "sglang_sim.py"
 LABELS = 'engine_type="prefill",model_name="m",moe_ep_rank="0",pp_rank="0"'
@@ -129,3 +134,33 @@ def test_an_unreachable_pod_is_an_error_within_the_timeout() -> None:
     with pytest.raises(AdminCallError):
         asyncio.run(SGLangAdmin(timeout=1).abort_all(f"http://127.0.0.1:{_free_port()}"))
     assert time.monotonic() - started < 10
+
+
+class FakeAborter:
+    """An SGLang prefill that held `held` requests; records the URLs it was called with."""
+
+    def __init__(self, held: Held) -> None:
+        self.held = held
+        self.calls: list[str] = []
+
+    async def abort_all(self, base_url: str) -> AbortReport:
+        self.calls.append(base_url)
+        return AbortReport(before=self.held, after=Held(inflight=0), status=200)
+
+
+def test_the_remediator_records_what_the_abort_cost() -> None:
+    fake = FakeAborter(Held(running=1, waiting=0, bootstrap=0, inflight=3))
+    remediator = Remediator(client=None, workers=None, sglang=fake)  # type: ignore[arg-type]
+    owner = Owner("pd", "ns", "uid")
+    action = Action("AbortRequests", "pd-prefill-0", "InflightGaugeStuck: ...", room_count=3)
+    target = Target(pod="pd-prefill-0", uid="u", role="prefill", ip="127.0.0.9")
+    now = datetime(2025, 1, 1, tzinfo=UTC)
+
+    detail, count = asyncio.run(remediator._perform(owner, action, target, None, now))
+    assert fake.calls == ["http://127.0.0.9:8000"]
+    assert count == 4
+    assert "abort_all=true on pd-prefill-0" in detail and "4 just before" in detail
+    assert "running 1" in detail and "inflight 3" in detail
+
+    detail, count = asyncio.run(remediator._perform(owner, action, None, None, now))
+    assert detail.startswith("skipped") and count == 0 and len(fake.calls) == 1
