@@ -14,9 +14,13 @@ SGLang 0.5.23's source; nothing here is copied from it:
   --enable-priority-scheduling, + dp_rank with --dp-size > 1); queue gauges are also written per
   priority; tokenizer counters carry model_name, engine_type (+ priority) + is_streaming and
   move only when a request FINISHES (`observe_one_finished_request`), so during long decodes
-  `generation_tokens_total` and `num_requests_total` stay flat while `gen_throughput` and
-  `decode_sum_seq_lens` move. Prefill KV-transfer histograms are observed per finished transfer
-  (disaggregation/prefill.py).
+  `generation_tokens_total` and `num_requests_total` stay flat while `gen_throughput`,
+  `decode_sum_seq_lens` and the scheduler's `realtime_tokens_total{mode="decode"}` move.
+  Prefill KV-transfer histograms and `per_stage_req_latency_seconds{stage=
+  "prefill_transfer_kv_cache"}` are observed per finished transfer (disaggregation/prefill.py,
+  observability/req_time_stats.py), `{stage="decode_transferred"}` per KV received on decode. A
+  pod in a scenario has served one request before its first phase, so its counters exist (a
+  fresh SGLang exports a labelled counter only after its first increment).
 * /ready (200 once "warm", no generation), /health and /health_generate
   (entrypoints/http_server.py).
 * POST /abort_request {"rid", "abort_all"}: abort_all drops every request the "scheduler" holds
@@ -86,6 +90,12 @@ SERIES: dict[str, tuple[str, str, str, Any]] = {
     "size": ("histogram", "sglang:kv_transfer_total_mb",
              "Histogram of KV cache transfer size in MB.",
              (1, 5, 10, 50, 100, 500, 1000, 5000, 10000)),
+    "realtime_tokens": ("counter", "sglang:realtime_tokens",
+                        "Total number of tokens processed (updated on each log interval). "
+                        "mode: prefill_compute, prefill_cache, decode.", "mode"),
+    "stage_latency": ("histogram", "sglang:per_stage_req_latency_seconds",
+                      "The latency of each stage of requests.",
+                      tuple(0.001 * 1.62**i for i in range(30))),
     "prompt_tokens": ("counter", "sglang:prompt_tokens", "Number of prefill tokens processed.",
                       True),
     "gen_tokens": ("counter", "sglang:generation_tokens",
@@ -123,6 +133,7 @@ class Engine:
         self.started = time.monotonic()
         self.rng = random.Random(os.environ.get("POD_UID", "sim"))
         self.aborts: list[dict[str, Any]] = []
+        self.served = False
         self.dp = max(1, args.dp_size)
         self.priority = bool(args.enable_priority_scheduling)
         model = args.served_model_name or args.model_path
@@ -142,6 +153,10 @@ class Engine:
                 kw["multiprocess_mode"] = "mostrecent"
             elif kind == "histogram":
                 kw["buckets"] = extra
+            if attr == "realtime_tokens":
+                kw["labelnames"] = [*names, "mode"]
+            elif attr == "stage_latency":
+                kw["labelnames"] = [*names, "stage"]
             if attr in TOKENIZER_SERIES:
                 kw["labelnames"] = [*self.tok_labels, *(["is_streaming"] if extra else [])]
             setattr(self, attr, cls(name, doc, **kw))
@@ -171,6 +186,8 @@ class Engine:
         allowed = PREFILL_PHASES if self.role == "prefill" else DECODE_PHASES
         if phase not in allowed:
             raise ValueError(f"{self.role} phases are {', '.join(allowed)}, not {phase!r}")
+        if not self.served:
+            self._serve_one()  # a pod in a scenario has served before: its counters exist
         self.phase = phase
         for rank in range(self.dp):
             self.held[rank] = dict.fromkeys(self.held[rank], 0)
@@ -178,10 +195,30 @@ class Engine:
                 self.held[rank]["inflight"] = self._share(WEDGED_ROOMS, rank)
             elif phase == "long":
                 self.held[rank]["running"] = self._share(LONG_REQUESTS, rank)
-                if rank == 0:  # a pod that served before: the finish-time counters exist
-                    self._finish(rank, prompt=512, generated=128)
             elif phase == "stalled":
                 self.held[rank].update(transfer=3, prealloc=1)
+
+    def _serve_one(self, rank: int = 0) -> None:
+        """One short request end to end on this pod: the counters SGLang then exports."""
+        self.served = True
+        if self.role == "prefill":
+            self.realtime_tokens.labels(**self._l(rank), mode="prefill_compute").inc(512)
+            self._transfer_done(rank)
+            self._finish(rank, prompt=512, generated=0)
+        else:
+            self.stage_latency.labels(**self._l(rank), stage="decode_transferred").observe(0.05)
+            self.realtime_tokens.labels(**self._l(rank), mode="decode").inc(128)
+            self._finish(rank, prompt=512, generated=128)
+
+    def _transfer_done(self, rank: int) -> None:
+        """A prefill room's KV transfer finished (disaggregation/prefill.py observes these)."""
+        labels = self._l(rank)
+        self.latency.labels(**labels).observe(self.rng.uniform(20, 200))
+        self.speed.labels(**labels).observe(self.rng.uniform(5, 40))
+        self.size.labels(**labels).observe(self.rng.uniform(10, 400))
+        self.stage_latency.labels(**labels, stage="prefill_transfer_kv_cache").observe(
+            self.rng.uniform(0.02, 0.2)
+        )
 
     def abort_all(self) -> int:
         """Scheduler.abort_request with abort_all: every held request is aborted."""
@@ -193,7 +230,10 @@ class Engine:
             for h in self.held:
                 h.update({k: 0 for k in h if k != "inflight"})
         else:
-            for h in self.held:
+            # Aborted requests finish with FINISH_ABORT: the tokenizer counts them as finished.
+            for rank, h in enumerate(self.held):
+                for _ in range(sum(h.values())):
+                    self._finish(rank, prompt=0, generated=0)
                 h.update(dict.fromkeys(h, 0))
             self.phase = "idle"
         self.aborts.append({"held": total, "phase_after": self.phase, "at": time.time()})
@@ -220,10 +260,10 @@ class Engine:
         # so the inflight queue drains without ever reaching 0.
         done = self.rng.randint(1, 3)
         for _ in range(done):
-            self._finish(rank, prompt=self.rng.randint(200, 2000), generated=0)
-            self.latency.labels(**self._l(rank)).observe(self.rng.uniform(20, 200))
-            self.speed.labels(**self._l(rank)).observe(self.rng.uniform(5, 40))
-            self.size.labels(**self._l(rank)).observe(self.rng.uniform(10, 400))
+            prompt = self.rng.randint(200, 2000)
+            self.realtime_tokens.labels(**self._l(rank), mode="prefill_compute").inc(prompt)
+            self._transfer_done(rank)
+            self._finish(rank, prompt=prompt, generated=0)
         h.update(waiting=self.rng.randint(0, 4), running=self.rng.randint(0, 2),
                  bootstrap=self.rng.randint(0, 2), inflight=self.rng.randint(1, 6))  # fmt: skip
 
@@ -234,8 +274,14 @@ class Engine:
             for _ in range(finished):
                 self._finish(rank, prompt=self.rng.randint(100, 1000),
                              generated=self.rng.randint(16, 256))  # fmt: skip
+                self.stage_latency.labels(**self._l(rank), stage="decode_transferred").observe(
+                    self.rng.uniform(0.01, 0.2)
+                )
             h.update(running=self.rng.randint(2, 8), transfer=self.rng.randint(0, 2))
             self.tput[rank] = self.rng.uniform(300, 900)
+            self.realtime_tokens.labels(**self._l(rank), mode="decode").inc(
+                int(self.tput[rank] * TICK)
+            )
             self.lens[rank] = h["running"] * self.rng.uniform(500, 1500)
         elif self.phase == "long":
             # Four long requests decoding: tokens flow, nothing finishes, so the tokenizer's
@@ -243,6 +289,10 @@ class Engine:
             share = self._share(LONG_REQUESTS, rank) / LONG_REQUESTS
             self.tput[rank] = LONG_THROUGHPUT * share * self.rng.uniform(0.9, 1.1)
             self.lens[rank] += self.tput[rank] * TICK
+            # Per-step token counter of the scheduler (updated each log interval).
+            self.realtime_tokens.labels(**self._l(rank), mode="decode").inc(
+                int(self.tput[rank] * TICK)
+            )
         else:  # idle, stalled: no decode batch runs, the idle path publishes throughput 0
             self.tput[rank] = 0.0
 
