@@ -220,10 +220,14 @@ def decode_pod(pod: Obj, stale: bool, now: datetime) -> DecodePod:
     )
 
 
-def decode_pods(pods: Sequence[Obj], stale: set[str], now: datetime) -> list[DecodePod]:
+def decode_pods(
+    pods: Sequence[Obj], stale: set[str], now: datetime, role: str = ROLE_DECODE
+) -> list[DecodePod]:
+    """The serving state of every pod of one role (decode by default; the SGLang prefill rung
+    reads prefill pods the same way)."""
     out = []
     for p in pods:
-        if _role(p) == ROLE_DECODE:
+        if _role(p) == role:
             name = str((p.get("metadata") or {}).get("name") or "")
             out.append(decode_pod(p, name in stale, now))
     return out

@@ -27,6 +27,7 @@ from pdwarden.constants import (
     ANNOTATION_RESET_BREAKER,
     CONDITION_SERVING,
     LABEL_ROLE,
+    ROLE_PREFILL,
     WORKER_PORT,
 )
 from pdwarden.detection import Detection, detect
@@ -56,6 +57,7 @@ from pdwarden.ports import KubeApi, WorkerApi
 from pdwarden.remediation import Action, Plan, plan
 from pdwarden.render import Owner, names
 from pdwarden.scraping import Target
+from pdwarden.sglang_admin import PrefillAborter, SGLangAdmin
 from pdwarden.tokens import derive_token
 
 log = logging.getLogger("pdwarden.remediate")
@@ -105,9 +107,16 @@ def _why(e: BaseException) -> str:
 class Remediator:
     """Runs cycles for every PDDeployment of one operator process."""
 
-    def __init__(self, client: KubeApi, workers: WorkerApi, token_key: bytes | None = None) -> None:
+    def __init__(
+        self,
+        client: KubeApi,
+        workers: WorkerApi,
+        token_key: bytes | None = None,
+        sglang: PrefillAborter | None = None,
+    ) -> None:
         self.client = client
         self.workers = workers
+        self.sglang = sglang or SGLangAdmin()
         self.token_key = token_key
         self.memory: dict[str, DeploymentMemory] = {}
 
@@ -174,7 +183,8 @@ class Remediator:
         remember(mem, list(observations.values()), rem.wedge_after_seconds + 3 * interval)
         views = pod_views(workers, observations, mem, time.monotonic(), interval)
         detection = detect(views, rem.wedge_after_seconds)
-        decodes = decode_pods(pods, stale_pods(pods, views), now)
+        stale = stale_pods(pods, views)
+        decodes = decode_pods(pods, stale, now)
         annotations = meta.get("annotations") or {}
         reset_at = breaker_reset_at(annotations, meta.get("generation"), previous, now)
         history = merge_history(
@@ -183,6 +193,7 @@ class Remediator:
         decision = plan(
             rem, detection, decodes, history, now,
             decode_replicas=spec.decode.replicas, breaker_reset_at=reset_at,
+            engine=spec.engine, prefills=decode_pods(pods, stale, now, role=ROLE_PREFILL),
         )  # fmt: skip
         await self._announce_new_wedges(body, mem, detection, now)
         ctx = _Cycle(body, owner, mem, token, now)
@@ -265,7 +276,8 @@ class Remediator:
         self, owner: Owner, action: Action, target: Target | None, token: str | None, now: datetime
     ) -> tuple[str, int | None]:
         """Carry out one action; returns a detail for the ledger and, for FailRooms, how many
-        rooms the worker really failed (rooms that finished meanwhile are not counted)."""
+        rooms the worker really failed (rooms that finished meanwhile are not counted), for
+        AbortRequests how many requests the SGLang prefill held when all were aborted."""
         ns = owner.namespace
         if action.kind == "FailRooms":
             if target is None or not target.rooms:
@@ -282,9 +294,14 @@ class Remediator:
                  "message": f"pdwarden: {action.reason}", "lastTransitionTime": _iso(now)},
             )  # fmt: skip
             return "", None
-        if action.kind == "RestartDecode":
+        if action.kind in ("RestartDecode", "RestartPrefill"):
             deleted = await self.client.delete_pod(ns, action.pod, action.uid)
             return ("" if deleted else "skipped: the pod was already gone or replaced"), None
+        if action.kind == "AbortRequests":
+            if target is None:
+                return "skipped: the prefill pod has no address (not running)", 0
+            report = await self.sglang.abort_all(target.base)
+            return report.detail(f"{action.pod} ({target.base})"), report.aborted
         raise ValueError(f"unknown action {action.kind}")
 
     async def _announce_new_wedges(

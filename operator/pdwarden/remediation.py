@@ -10,6 +10,15 @@ function of plain data with no clock and no client, unit-tested case by case. Th
    after the cordon; its StatefulSet recreates it.
 4. UncordonDecode: put a cordoned pod back when its stall has cleared.
 
+On stock SGLang (no rooms API, so findings carry no room ids) rung 1 is replaced per prefill pod:
+
+1a. AbortRequests: abort every request of the wedged prefill pod (SGLang's only way to free
+    wedged rooms; it costs every request the pod holds, which the ledger records).
+1b. RestartPrefill (opt-in): delete that prefill pod when it is still, or again, wedged
+    restartAfterSeconds after the abort; at most one prefill pod restarting at a time. An abort
+    older than restartAfterSeconds + wedgeAfterSeconds is a finished repair: a wedge after that
+    starts the ladder again at 1a.
+
 Safety envelope: mode Off/DryRun/Enforce; at most maxUnavailableDecode decode pods cordoned or
 not ready, and never the last ready one; a cooldown per pod; a circuit breaker on actions per
 hour; never an action on, or attributed to, a pod whose metrics are stale.
@@ -24,15 +33,24 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from pdwarden.api import LedgerEntry, RemediationSpec
-from pdwarden.detection import Detection
+from pdwarden.detection import Detection, Finding
 
-ActionKind = Literal["FailRooms", "CordonDecode", "RestartDecode", "UncordonDecode"]
+ActionKind = Literal[
+    "FailRooms",
+    "CordonDecode",
+    "RestartDecode",
+    "UncordonDecode",
+    "AbortRequests",
+    "RestartPrefill",
+]
 HOUR = timedelta(hours=1)
+PREFILL_WEDGES = frozenset({"InflightStuck", "PeerIncarnationGone", "InflightGaugeStuck"})
+ENGINES_WITHOUT_ROOMS = frozenset({"sglang"})
 
 
 @dataclass(frozen=True)
 class DecodePod:
-    """A decode pod's serving state as the API server shows it."""
+    """A worker pod's serving state as the API server shows it (decode; prefill for SGLang)."""
 
     name: str
     uid: str
@@ -147,6 +165,38 @@ def _restarted_since(
     return last is not None and last.action == "RestartDecode" and last.time >= since
 
 
+def _prefill_rung(
+    spec: RemediationSpec,
+    f: Finding,
+    *,
+    history: Sequence[LedgerEntry],
+    now: datetime,
+    dry_run: bool,
+    prefills: Sequence[DecodePod],
+) -> tuple[ActionKind, str | None] | None:
+    """The next rung for a wedged SGLang prefill pod, or None while the last one takes effect.
+
+    The second element is extra reason text, or "held: why" when the rung may not run now.
+    """
+    last = _last_action_on(history, f.pod, dry_run)
+    age = (now - last.time).total_seconds() if last is not None else math.inf
+    if age < spec.cooldown_seconds:
+        return None  # the effect of the last action is not visible yet
+    restart_after = spec.restart_after_seconds
+    if last is not None and last.action == "RestartPrefill" and age < restart_after:
+        return None  # wait for the new pod
+    if last is None or last.action != "AbortRequests":
+        return "AbortRequests", None
+    if age < restart_after:
+        return None
+    if age > restart_after + spec.wedge_after_seconds:
+        return "AbortRequests", "; the last abort was a finished repair, this is a new wedge"
+    busy = [p.name for p in prefills if p.name != f.pod and (p.terminating or not p.ready)]
+    if busy:
+        return "RestartPrefill", f"held: prefill pod(s) {', '.join(busy)} not ready yet"
+    return "RestartPrefill", f"; still wedged {age:.0f}s after aborting its requests"
+
+
 def plan(
     spec: RemediationSpec,
     detection: Detection,
@@ -156,8 +206,13 @@ def plan(
     *,
     decode_replicas: int,
     breaker_reset_at: datetime | None = None,
+    engine: str = "pdworker",
+    prefills: Sequence[DecodePod] = (),
 ) -> Plan:
-    """Decide this round's actions. Nothing here performs them."""
+    """Decide this round's actions. Nothing here performs them.
+
+    `prefills` are the prefill pods (only the SGLang prefill rungs read them).
+    """
     dry_run = spec.mode == "DryRun"
     budget = decode_budget(spec, decode_replicas)
     if spec.mode == "Off":
@@ -201,7 +256,31 @@ def plan(
     repeat_window = now - timedelta(seconds=max(spec.restart_after_seconds, spec.cooldown_seconds))
     repeat_offenders: set[str] = set()
     decided_since = now - timedelta(seconds=spec.wedge_after_seconds)
+    prefill_acted: set[str] = set()
     for f in detection.findings:
+        if engine in ENGINES_WITHOUT_ROOMS and f.reason in PREFILL_WEDGES and not f.rooms:
+            if f.pod not in prefill_acted:
+                prefill_acted.add(f.pod)
+                step = _prefill_rung(
+                    spec, f, history=history, now=now, dry_run=dry_run, prefills=prefills
+                )
+                if step is not None:
+                    kind, why = step
+                    if kind not in allowed:
+                        held.append(f"{kind} on {f.pod}: not in spec.remediation.actions")
+                    elif breaker_open():
+                        held.append(
+                            f"{kind} on {f.pod}: remediation suspended by the circuit breaker"
+                        )
+                    elif why is not None and why.startswith("held: "):
+                        held.append(f"{kind} on {f.pod}: {why.removeprefix('held: ')}")
+                    else:
+                        uid = next((p.uid for p in prefills if p.name == f.pod), "")
+                        actions.append(
+                            Action(kind, f.pod, f"{f.reason}: {f.evidence}" + (why or ""),
+                                   uid=uid, room_count=f.room_count)
+                        )  # fmt: skip
+            continue
         if f.reason not in ("InflightStuck", "PeerIncarnationGone") or not f.rooms:
             continue
         if dry_run and _decided_fail_rooms(history, f.pod, f.peer, decided_since):

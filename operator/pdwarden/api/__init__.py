@@ -34,7 +34,7 @@ from pdwarden.api.policy_status import (
     RefusedPod,
 )
 from pdwarden.api.pools import RouterSpec, WorkerPoolSpec
-from pdwarden.api.remediation import ACTIONS, Action, Mode, RemediationSpec
+from pdwarden.api.remediation import ACTIONS, DEFAULT_ACTIONS, Action, Mode, RemediationSpec
 from pdwarden.api.selector import LabelSelector, LabelSelectorRequirement
 from pdwarden.api.spec import Engine, ModelSpec, PDDeploymentSpec, TransferSpec
 from pdwarden.api.status import (
@@ -53,6 +53,7 @@ from pdwarden.api.status import (
 __all__ = [
     "ACTIONS",
     "CONDITION_TYPES",
+    "DEFAULT_ACTIONS",
     "POLICY_CONDITION_TYPES",
     "Action",
     "Condition",

@@ -21,7 +21,14 @@ CONDITION_TYPES: tuple[ConditionType, ...] = (
     "Wedged",
     "RemediationSuspended",
 )
-LedgerAction = Literal["FailRooms", "CordonDecode", "RestartDecode", "UncordonDecode"]
+LedgerAction = Literal[
+    "FailRooms",
+    "CordonDecode",
+    "RestartDecode",
+    "UncordonDecode",
+    "AbortRequests",
+    "RestartPrefill",
+]
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Wedged", "Failed"]
 MAX_WEDGES = 32
 MAX_HISTORY = 50
@@ -100,7 +107,14 @@ class LedgerEntry(StatusModel):
         max_length=MAX_NAME,
         description="FailRooms: the decode pod the failed rooms waited on.",
     )
-    rooms: int = Field(0, ge=0, description="Rooms failed by the action.")
+    rooms: int = Field(
+        0,
+        ge=0,
+        description=(
+            "FailRooms: rooms failed. AbortRequests: requests the prefill pod held (running, "
+            "waiting, bootstrap and inflight queues) just before all of them were aborted."
+        ),
+    )
     reason: str = Field("", max_length=MAX_MESSAGE, description="Why, in a sentence.")
     dry_run: bool = Field(False, description="True if the action was only recorded (DryRun).")
     outcome: Literal["Succeeded", "Failed", "Skipped"] = Field(
