@@ -59,11 +59,13 @@ FAULT_LEGACY_STATUS_RACE: Final = "legacy-status-race"
 FAULT_NO_INFLIGHT_WATCHDOG: Final = "no-inflight-watchdog"
 FAULT_DECODE_STALL: Final = "decode-stall"
 FAULT_DROP_NOTIFICATIONS: Final = "drop-notifications"
+FAULT_CORRUPT_KV: Final = "corrupt-kv"  # decode flips one byte of a landed page, probability P
 FAULTS: Final = (
     FAULT_LEGACY_STATUS_RACE,
     FAULT_NO_INFLIGHT_WATCHDOG,
     FAULT_DECODE_STALL,
     FAULT_DROP_NOTIFICATIONS,
+    FAULT_CORRUPT_KV,
 )
 FAULTS_ENV: Final = "PDWORKER_FAULTS"
 ADMIN_TOKEN_FILE_ENV: Final = "PDWORKER_ADMIN_TOKEN_FILE"
