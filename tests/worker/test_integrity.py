@@ -106,7 +106,7 @@ def test_a_flipped_byte_in_a_landed_page_is_caught_with_the_default_verify(pd: P
     assert metric(d, "pdworker_kv_checksum_mismatch_total") == 20
     assert metric(d, "pdworker_requests_completed_total", role="decode") == 0
     # And the same requests without the fault all pass the check (the check is not just "fail").
-    prefill2, decode2, router2 = pd.trio()
+    _prefill2, decode2, router2 = pd.trio()
     for i in range(20):
         ids = [(i * 31 + j) % 1024 for j in range(1 + i % CFG.page_size)]
         assert http("POST", f"{router2.url}/generate", {"input_ids": ids})[0] == 200
