@@ -370,7 +370,10 @@ def run(quick: bool, out: Path, readme: Path | None, device: str = "cpu") -> dic
         f"{target['pdworker_e2e']}, transport {target['pdworker_transport']}; UCX: {recommended}"
     )
     name = "kv_transfer-gpu" if gpu else "kv_transfer"
-    _plot(common.plot_path(out, name, quick), mibs, results)
+    try:
+        _plot(common.plot_path(out, name, quick), mibs, results)
+    except ImportError as exc:  # a bare GPU machine may lack matplotlib: numbers still count
+        data["notes"].append(f"no plot: {exc}")
     common.write_result(out, name, data, quick, readme, figures)
     return data
 
