@@ -244,6 +244,7 @@ class PrefillWorker:
                 step = cfg.pages_per_chunk
                 chunks = [local[i : i + step] for i in range(0, npages, step)]
                 span = step * cfg.model.page_size
+                fences: list[Fence] = []
                 for index, pages in enumerate(chunks):
                     # The fixed worker stops an aborted forward; the legacy one runs on and its
                     # status writes resurrect the failed room (SGLang's race).
@@ -256,8 +257,13 @@ class PrefillWorker:
                     # Forward, page scatter and the KV fingerprint run on a compute thread (a CUDA
                     # stream of its own on GPU): the event loop keeps answering heartbeats.
                     fence, result = await loop.run_in_executor(
-                        self.compute, self._compute_chunk, pages, ids, local if last else None
+                        self.compute,
+                        self._compute_chunk,
+                        pages,
+                        ids,
+                        (local, fences) if last else None,
                     )
+                    fences.append(fence)
                     job = ChunkJob(
                         room,
                         index,
@@ -288,14 +294,18 @@ class PrefillWorker:
             self.wake.set()
 
     def _compute_chunk(
-        self, pages: list[int], ids: list[int], room_pages: list[int] | None
+        self, pages: list[int], ids: list[int], room: tuple[list[int], list[Fence]] | None
     ) -> tuple[Fence, dict[str, Any] | None]:
-        """(compute thread) KV of `ids` into `pages`; on the last chunk also the first token and
-        the room's KV checksum. Returns a fence after all of it (NIXL must wait for it)."""
+        """(compute thread) KV of `ids` into `pages`; on the last chunk (`room` = all the room's
+        pages and the earlier chunks' fences) also the first token and the room's KV checksum.
+        Returns a fence after all of it (NIXL must wait for it)."""
         kv, last_hidden = self.model.prefill_chunk(ids)
         self.pool.write_tokens(pages, kv)
         result = None
-        if room_pages is not None:
+        if room is not None:
+            room_pages, earlier = room
+            for fence in earlier:  # earlier chunks ran on other threads' streams
+                fence.wait()
             spec = integrity.plan(self.cfg.kv_verify, len(room_pages))
             result = {
                 "first_token": self.model.first_token(last_hidden),
@@ -354,14 +364,25 @@ class PrefillWorker:
             self._chunk_done(job, work, agent, TransferError(f"device error: {exc!r}"))
             return
         notif = f"kv:{room}:{job.index}".encode()
-        self.transport.submit(
-            agent,
-            job.local_pages,
-            job.remote_pages,
-            notif,
-            timeout=self.cfg.transfer_timeout,
-            done=lambda err: self._chunk_done(job, work, agent, err),
-        )
+        reported: list[bool] = []
+
+        def done(err: TransferError | None) -> None:
+            reported.append(True)
+            self._chunk_done(job, work, agent, err)
+
+        try:
+            self.transport.submit(
+                agent,
+                job.local_pages,
+                job.remote_pages,
+                notif,
+                timeout=self.cfg.transfer_timeout,
+                done=done,
+            )
+        except Exception as exc:  # the transport broke its promise: still end the chunk once
+            log.exception("posting a WRITE of room %d crashed", room)
+            if not reported:
+                self._chunk_done(job, work, agent, TransferError(f"posting failed: {exc!r}"))
 
     def _chunk_done(
         self, job: ChunkJob, work: RoomWork, agent: str, err: TransferError | None
