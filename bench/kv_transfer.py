@@ -208,16 +208,21 @@ def gbps(nbytes: int, seconds: list[float]) -> dict[str, float]:
     return common.stats(nbytes / s / 1e9 for s in seconds if s > 0)
 
 
-def run(quick: bool, out: Path, readme: Path | None, device: str = "cpu") -> dict[str, Any]:
+SHORT_SIZES = [1, 4, 16, 64]
+
+
+def run(quick: bool, out: Path, readme: Path | None, device: str = "cpu",
+        short: bool = False) -> dict[str, Any]:  # fmt: skip
+    """`short`: CPU sizes 1-64 MiB, 3 repetitions, default UCX only (a loaded shared box)."""
     gpu = device.startswith("cuda")
     geo = GPU_GEOMETRY if gpu else CPU_GEOMETRY
     if gpu:
         sizes = [s * MIB for s in (GPU_QUICK_SIZES if quick else GPU_SIZES)]
     else:
-        sizes = [s * MIB for s in (QUICK_SIZES if quick else FULL_SIZES)]
-    reps = 2 if quick else 5
+        sizes = [s * MIB for s in (QUICK_SIZES if quick else SHORT_SIZES if short else FULL_SIZES)]
+    reps = 2 if quick else 3 if short else 5
     # On a GPU the UCX transport is CUDA IPC whatever UCX_TLS says about host memory.
-    settings = {"default": UCX_SETTINGS["default"]} if quick or gpu else UCX_SETTINGS
+    settings = {"default": UCX_SETTINGS["default"]} if quick or gpu or short else UCX_SETTINGS
     biggest = max(sizes)
     started = time.monotonic()
     budget_end = started + GPU_BUDGET_S if gpu else float("inf")
@@ -369,7 +374,9 @@ def run(quick: bool, out: Path, readme: Path | None, device: str = "cpu") -> dic
         f"{ratios['raw_nixl/memcpy'][str(top)]:.2f}; targets met: e2e "
         f"{target['pdworker_e2e']}, transport {target['pdworker_transport']}; UCX: {recommended}"
     )
-    name = "kv_transfer-gpu" if gpu else "kv_transfer"
+    name = (
+        "kv_transfer-gpu" if gpu else "kv_transfer-short" if short and not quick else "kv_transfer"
+    )
     try:
         _plot(common.plot_path(out, name, quick), mibs, results)
     except ImportError as exc:  # a bare GPU machine may lack matplotlib: numbers still count
@@ -403,6 +410,7 @@ def _plot(path: Path, mibs: list[int], results: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> None:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--device", default="cpu", help="cpu, or cuda[:N] for the GPU benchmark")
+    pre.add_argument("--short", action="store_true", help="CPU: 1-64 MiB, 3 reps, default UCX")
     known, rest = pre.parse_known_args(argv)
     args = common.parse_args(__doc__ or "", rest)
     if known.device.startswith("cuda"):
@@ -410,7 +418,7 @@ def main(argv: list[str] | None = None) -> None:
 
         if not torch.cuda.is_available():
             raise SystemExit("--device cuda: no CUDA device here (torch.cuda.is_available())")
-    data = run(args.quick, args.out, args.readme, known.device)
+    data = run(args.quick, args.out, args.readme, known.device, known.short)
     print(json.dumps({k: data[k] for k in ("ratios", "recommended_ucx", "wall_seconds")}, indent=1))
 
 

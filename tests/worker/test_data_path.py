@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -173,3 +174,96 @@ def test_prefill_posts_each_chunk_once_after_its_fence_and_decode_gets_exact_kv(
         kv, _ = model.prefill_chunk(ids[c * 8 : (c + 1) * 8])
         reference.write_tokens(list(range(c * 2, c * 2 + 2)), kv)
     assert torch.equal(decode_pool.tensor[torch.tensor(dest)], reference.tensor)
+
+
+class _Disconnected(Exception):
+    pass
+
+
+class FakeAgent:
+    """NIXL's agent API as NixlTransport uses it; WRITE states are scripted per notification."""
+
+    def __init__(self) -> None:
+        self.states: dict[bytes, list[str]] = {}
+        self.refuse_release = 0
+        self.released: list[bytes] = []
+        self.posted: list[tuple[list[int], list[int]]] = []
+
+    def make_prepped_xfer(self, *args):  # type: ignore[no-untyped-def]
+        _op, _local, lidx, _remote, ridx, notif = args
+        self.posted.append((list(lidx), list(ridx)))
+        return notif
+
+    def transfer(self, handle: bytes) -> str:
+        return self.states[handle].pop(0)
+
+    def check_xfer_state(self, handle: bytes) -> str:
+        script = self.states[handle]
+        return script.pop(0) if len(script) > 1 else script[0]
+
+    def release_xfer_handle(self, handle: bytes) -> None:
+        if self.refuse_release:
+            self.refuse_release -= 1
+            raise RuntimeError("cannot cancel")
+        self.released.append(handle)
+
+
+def _fake_transport() -> tuple[Any, FakeAgent]:
+    from types import SimpleNamespace
+
+    from pdworker.transfer import NixlTransport
+
+    transport = NixlTransport.__new__(NixlTransport)
+    transport._bindings = SimpleNamespace(nixlRemoteDisconnectError=_Disconnected)
+    transport.name = "fake"
+    agent = FakeAgent()
+    transport._start(agent, "local")
+    transport._remote["peer"] = "remote"
+    return transport, agent
+
+
+def test_every_handle_is_released_once_with_its_outcome_and_deadline() -> None:
+    import threading
+
+    from pdworker.transfer import TransferError
+
+    transport, agent = _fake_transport()
+    outcomes: dict[bytes, TransferError | None] = {}
+    finished = threading.Event()
+
+    def done_for(notif: bytes):  # type: ignore[no-untyped-def]
+        def done(err: TransferError | None) -> None:
+            assert notif not in outcomes, "done called twice"
+            outcomes[notif] = err
+            if len(outcomes) == 4:
+                finished.set()
+
+        return done
+
+    agent.states = {
+        b"now": ["DONE"],  # done inside transfer()
+        b"later": ["PROC", "PROC", "PROC", "DONE"],  # completed by the progress thread
+        b"stuck": ["PROC", "PROC"],  # never completes: the deadline cancels it
+        b"err": ["PROC", "ERR"],
+    }
+    agent.refuse_release = 1  # the first release attempt fails: retried, done waits for it
+    try:
+        for notif, timeout in ((b"now", 5.0), (b"later", 5.0), (b"stuck", 0.2), (b"err", 5.0)):
+            transport.submit("peer", [1, 2, 3], [7, 8, 9], notif, timeout=timeout,
+                             done=done_for(notif))  # fmt: skip
+        assert finished.wait(10), outcomes
+        assert outcomes[b"now"] is None and outcomes[b"later"] is None
+        assert isinstance(outcomes[b"stuck"], TransferError)
+        assert "stalled" in str(outcomes[b"stuck"])
+        assert isinstance(outcomes[b"err"], TransferError)
+        assert sorted(agent.released) == [b"err", b"later", b"now", b"stuck"]
+        assert agent.posted == [([1, 2, 3], [7, 8, 9])] * 4  # one WRITE per chunk, all pages
+        assert transport.live_count() == 0 and not transport.peer_busy("peer")
+        # An unknown peer fails at once, as peer_lost, without a handle.
+        lost: list[TransferError | None] = []
+        transport.submit("gone", [1], [1], b"x", timeout=1.0, done=lost.append)
+        assert lost and lost[0] is not None and lost[0].peer_lost
+    finally:
+        with transport._lock:
+            transport._closed = True
+            transport._wake.notify_all()

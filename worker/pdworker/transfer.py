@@ -116,7 +116,8 @@ class _Live:
     deadline: float
     timeout: float
     done: Done
-    error: TransferError | None = None  # set once the outcome is known, while release is pending
+    known: bool = False  # the outcome (error or None) is known; only the release is pending
+    error: TransferError | None = None
     next_release: float = 0.0
 
 
@@ -142,11 +143,17 @@ class NixlTransport:
             backends=[backend], sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT,
             num_threads=0,
         )  # fmt: skip
-        self._agent = api.nixl_agent(name, config)
-        self._reg = self._agent.register_memory(pool_tensor)
-        self._local = self._agent.prep_xfer_dlist(
+        agent = api.nixl_agent(name, config)
+        self._reg = agent.register_memory(pool_tensor)
+        local = agent.prep_xfer_dlist(
             "NIXL_INIT_AGENT", np.asarray(local_descs, dtype=np.uint64).reshape(-1, 3), mem_type
         )
+        self._start(agent, local)
+
+    def _start(self, agent: Any, local: Any) -> None:
+        """Handle bookkeeping and the progress thread (tests start it with a fake agent)."""
+        self._agent = agent
+        self._local = local
         self._lock = threading.Lock()
         self._remote: dict[str, Any] = {}
         self._handles: dict[str, int] = {}  # live transfer handles per peer
@@ -254,6 +261,7 @@ class NixlTransport:
 
     def _finish(self, live: _Live, error: TransferError | None) -> bool:
         """Release the handle, then report; False if NIXL refused the release (retry later)."""
+        live.known = True
         live.error = error
         if live.handle is not None:
             try:
@@ -281,7 +289,6 @@ class NixlTransport:
     def _complete(self, live: _Live, error: TransferError | None) -> None:
         """Finish a handle the posting thread already knows the outcome of."""
         if not self._finish(live, error):
-            live.error = error or TransferError(f"transfer to {live.agent}: release failed")
             self._track(live)
 
     def _progress_main(self) -> None:
@@ -296,7 +303,7 @@ class NixlTransport:
             finished = []
             now = time.monotonic()
             for item in live:
-                if item.error is not None:  # outcome known, release refused before: retry
+                if item.known:  # outcome known, release refused before: retry
                     if now >= item.next_release and self._finish(item, item.error):
                         finished.append(item)
                     continue
@@ -315,8 +322,6 @@ class NixlTransport:
                         error = None if state == "DONE" else self._state_error(item.agent, state)
                 if self._finish(item, error):
                     finished.append(item)
-                elif item.error is None:
-                    item.error = TransferError(f"transfer to {item.agent}: release failed")
             if finished:
                 with self._lock:
                     self._live = [x for x in self._live if x not in finished]
