@@ -222,6 +222,7 @@ class PrefillWorker:
         cfg = self.cfg
         work = self.work[room]
         loop = asyncio.get_running_loop()
+        computing: asyncio.Future[Any] | None = None
         try:
             async with self.forward_slots:
                 entry = self.table.get(room)
@@ -256,13 +257,15 @@ class PrefillWorker:
                     ids = work.ids[index * span : (index + 1) * span]
                     # Forward, page scatter and the KV fingerprint run on a compute thread (a CUDA
                     # stream of its own on GPU): the event loop keeps answering heartbeats.
-                    fence, result = await loop.run_in_executor(
+                    computing = loop.run_in_executor(
                         self.compute,
                         self._compute_chunk,
                         pages,
                         ids,
                         (local, fences) if last else None,
                     )
+                    # shield: a cancelled forward must not lose track of a running compute call
+                    fence, result = await asyncio.shield(computing)
                     fences.append(fence)
                     job = ChunkJob(
                         room,
@@ -290,8 +293,16 @@ class PrefillWorker:
             log.exception("forward pass of room %d crashed", room)
             self.table.fail(room, "transfer_error", mono(), f"forward pass crashed: {exc!r}")
         finally:
-            work.forward_done = True
-            self.wake.set()
+            if computing is not None and not computing.done():
+                # Cancelled while a compute thread still writes our pages: the pages stay ours
+                # until it has finished.
+                computing.add_done_callback(lambda _: self._forward_finished(work))
+            else:
+                self._forward_finished(work)
+
+    def _forward_finished(self, work: RoomWork) -> None:
+        work.forward_done = True
+        self.wake.set()
 
     def _compute_chunk(
         self, pages: list[int], ids: list[int], room: tuple[list[int], list[Fence]] | None
