@@ -214,10 +214,15 @@ class NixlTransport:
             return
         with self._lock:
             remote = self._remote.get(agent)
-            if remote is None:
-                done(TransferError(f"unknown peer {agent}", peer_lost=True))
-                return
-            self._handles[agent] = self._handles.get(agent, 0) + 1
+            closed = self._closed
+            if remote is not None and not closed:
+                self._handles[agent] = self._handles.get(agent, 0) + 1
+        if closed:
+            done(TransferError("transport closed"))
+            return
+        if remote is None:
+            done(TransferError(f"unknown peer {agent}", peer_lost=True))
+            return
         live = _Live(agent, None, time.monotonic() + timeout, timeout, done)
         try:
             live.handle = self._agent.make_prepped_xfer(
