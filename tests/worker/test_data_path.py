@@ -267,3 +267,17 @@ def test_every_handle_is_released_once_with_its_outcome_and_deadline() -> None:
         with transport._lock:
             transport._closed = True
             transport._wake.notify_all()
+
+
+def test_prefill_into_the_pool_writes_the_same_bytes_as_compute_then_scatter() -> None:
+    model = TinyModel(CFG, torch.device("cpu"))
+    a, b = KVPool(CFG, 32, torch.device("cpu")), KVPool(CFG, 32, torch.device("cpu"))
+    a.tensor.fill_(3.0)
+    b.tensor.fill_(-1.0)  # stale bytes in the pages: tails must be zeroed either way
+    ids = [(i * 7) % CFG.vocab for i in range(5 * CFG.page_size - 3)]
+    pages = [9, 10, 11, 2, 30]
+    kv, last = model.prefill_chunk(ids)
+    a.write_tokens(pages, kv)
+    assert torch.equal(model.prefill_into(b, pages, ids), last)
+    idx = torch.tensor(pages)
+    assert torch.equal(a.tensor[idx], b.tensor[idx])

@@ -310,8 +310,7 @@ class PrefillWorker:
         """(compute thread) KV of `ids` into `pages`; on the last chunk (`room` = all the room's
         pages and the earlier chunks' fences) also the first token and the room's KV checksum.
         Returns a fence after all of it (NIXL must wait for it)."""
-        kv, last_hidden = self.model.prefill_chunk(ids)
-        self.pool.write_tokens(pages, kv)
+        last_hidden = self.model.prefill_into(self.pool, pages, ids)
         result = None
         if room is not None:
             room_pages, earlier = room
