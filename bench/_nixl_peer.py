@@ -36,6 +36,7 @@ os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
 import torch
 
+from pdworker.compute import indexed
 from pdworker.nixl_loader import load_nixl
 
 
@@ -48,7 +49,7 @@ def _agent(name: str) -> Any:
 
 
 def _device(args: argparse.Namespace) -> tuple[torch.device, str, int]:
-    device = torch.device(args.device)
+    device = indexed(torch.device(args.device))
     if device.type == "cuda":
         torch.cuda.set_device(device)
         return device, "VRAM", device.index or 0

@@ -20,9 +20,17 @@ def _init_thread(device: torch.device, torch_threads: int) -> None:
     # from the same computation on the main thread).
     torch.set_num_threads(torch_threads)
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        device = indexed(device)
+        torch.cuda.set_device(device)  # refuses a bare "cuda" (no index): hence indexed()
         torch.cuda.synchronize(device)  # weights and pool made on the default stream are ready
         torch.cuda.set_stream(torch.cuda.Stream(device))  # type: ignore[no-untyped-call]
+
+
+def indexed(device: torch.device) -> torch.device:
+    """`cuda` -> `cuda:<current>`; other devices unchanged."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def compute_executor(threads: int, device: torch.device) -> ThreadPoolExecutor:
