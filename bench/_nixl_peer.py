@@ -138,10 +138,10 @@ class Initiator:
             raise RuntimeError(f"raw NIXL WRITE ended in {state}")
         return elapsed
 
-    def run_transport(self, nbytes: int) -> float:
+    def run_transport(self, nbytes: int, chunk_bytes: int = 0) -> float:
         assert self.transport is not None, "start the initiator with --transport"
         pages = list(range(nbytes // self.page_bytes))
-        step = self.chunk_pages
+        step = max(1, chunk_bytes // self.page_bytes) if chunk_bytes else self.chunk_pages
         chunks = [pages[i : i + step] for i in range(0, len(pages), step)]
         finished = threading.Event()
         errors: list[str] = []
@@ -183,7 +183,10 @@ def initiator(args: argparse.Namespace) -> None:
     for line in sys.stdin:
         req = json.loads(line)
         try:
-            answer: dict[str, Any] = {"seconds": ops[req["op"]](int(req["bytes"]))}
+            args = [int(req["bytes"])]
+            if req.get("chunk_bytes"):
+                args.append(int(req["chunk_bytes"]))
+            answer: dict[str, Any] = {"seconds": ops[req["op"]](*args)}
         except Exception as exc:  # report, keep serving
             answer = {"error": f"{type(exc).__name__}: {exc}"}
         print("BENCH " + json.dumps(answer), flush=True)
