@@ -391,8 +391,15 @@ def run(quick: bool, out: Path, readme: Path | None, device: str = "cpu",
         _plot(common.plot_path(out, name, quick), mibs, results)
     except ImportError as exc:  # a bare GPU machine may lack matplotlib: numbers still count
         data["notes"].append(f"no plot: {exc}")
-    common.write_result(out, name, data, quick, readme, figures)
+    short_mode = short and not quick and not gpu
+    common.write_result(out, name, data, quick, None if short_mode else readme, figures)
+    if short_mode and readme is not None:  # its README row says "short", not "full"
+        common.update_readme(readme, name, "short", data_date(out / f"{name}.json"), figures)
     return data
+
+
+def data_date(path: Path) -> str:
+    return str(json.loads(path.read_text())["date"])[:10]
 
 
 def _plot(path: Path, mibs: list[int], results: dict[str, Any]) -> None:
