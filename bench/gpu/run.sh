@@ -9,12 +9,12 @@
 #
 # Options: --device cuda|cpu (default cuda), --phase tests|bench|storm|all (repeatable; default
 # tests+bench), --quick (quick benchmark sizes), --wheels DIR (default $NIXL_WHEELS or
-# shared/wheels), --tests-timeout S (default 300), --tests-mark EXPR (pytest -m, e.g. gpu).
+# shared/wheels), --tests-timeout S (default 240), --tests-mark EXPR (pytest -m, e.g. gpu).
 # Environment: OUT (results; default
 # /tmp/pdw-gpu-out), PYTHON (default python3), PDW_SITE (install target, default /tmp/site).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
-DEVICE=cuda QUICK="" PHASES="" TESTS_TIMEOUT=300 TESTS_MARK=""
+DEVICE=cuda QUICK="" PHASES="" TESTS_TIMEOUT=240 TESTS_MARK=""
 WHEELS=${NIXL_WHEELS:-shared/wheels}
 while [ $# -gt 0 ]; do
   case "$1" in
