@@ -8,8 +8,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CLUSTER_DIR := .cluster
 
-.PHONY: help venv lint types imports test cluster-bin cluster-up cluster-down demo bench crd \
-	manifests images
+.PHONY: help venv lint types imports test test-gpu cluster-bin cluster-up cluster-down demo bench \
+	bench-gpu crd manifests images
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -62,3 +62,12 @@ demo: $(STAMP) cluster-bin  ## the main job: wedge a PD deployment on purpose an
 
 bench: $(STAMP) cluster-bin  ## benchmarks; results in bench/results and bench/README.md
 	$(BIN)/python -m bench
+
+PYRUN ?= $(BIN)/python
+
+test-gpu:  ## the worker suite on CUDA (gpu-marked tests too); PYRUN=python3 on a bare GPU machine
+	@$(PYRUN) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu: no CUDA device here (GPU tests would only skip)')"
+	$(PYRUN) -m pytest tests/worker --confcutdir tests/worker -p no:cacheprovider -q -x
+
+bench-gpu:  ## GPU KV transfer benchmark, VRAM to VRAM (< 8 min); bench/results/kv_transfer-gpu.json
+	$(PYRUN) -m bench.kv_transfer --device cuda

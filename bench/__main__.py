@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bench import common
 
-NAMES = ("kv_transfer", "request_path", "abort_storm", "recovery", "operator_scale")
+NAMES = ("kv_transfer", "kv_storm", "request_path", "abort_storm", "recovery", "operator_scale")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,10 +8,13 @@ stdout lines prefixed `BENCH `, since NIXL itself may print there too):
 
 * `raw`: one NIXL WRITE of the whole buffer (one descriptor) with a notification, busy-polled;
   the best this NIXL/UCX setup can do.
-* `transport`: the same bytes through pdworker's own `NixlTransport` (prepared page descriptor
-  lists, one WRITE per chunk of `--chunk-pages` pages, its polling and deadlines), chunk after
-  chunk as one of prefill's transfer threads moves one room, then the final notification.
-* `memcpy`: torch `copy_` of the same bytes inside the initiator (the memory bound).
+* `transport`: the same bytes through pdworker's own `NixlTransport` the way prefill moves one
+  room: one WRITE per chunk of `--chunk-bytes` (whole pages of prepared page descriptor lists),
+  every chunk posted at once, completions from its progress thread, then the final notification.
+* `memcpy`: torch `copy_` of the same bytes inside the initiator (the memory bound; on CUDA
+  followed by a synchronize).
+
+`--device cuda` puts both buffers in VRAM (the two processes share one GPU).
 
 Network: the metadata goes through a file; UCX is kept on loopback (UCX_NET_DEVICES=lo) exactly
 as pdworker does for a loopback host.
@@ -32,26 +35,40 @@ from typing import Any
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
 import torch
-from nixl_cu12._api import nixl_agent, nixl_agent_config, nixl_thread_sync_t
+
+from pdworker.compute import indexed
+from pdworker.nixl_loader import load_nixl
 
 
 def _agent(name: str) -> Any:
-    config = nixl_agent_config(
-        backends=["UCX"], sync_mode=nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT, num_threads=0
+    api = load_nixl().api
+    config = api.nixl_agent_config(
+        backends=["UCX"], sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT, num_threads=0
     )
-    return nixl_agent(name, config)
+    return api.nixl_agent(name, config)
+
+
+def _device(args: argparse.Namespace) -> tuple[torch.device, str, int]:
+    device = indexed(torch.device(args.device))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        return device, "VRAM", device.index or 0
+    return device, "DRAM", 0
 
 
 def target(args: argparse.Namespace) -> None:
     name = f"bench-target-{os.getpid()}"
     agent = _agent(name)
-    buf = torch.zeros(args.size, dtype=torch.uint8)
+    device, mem_type, dev_id = _device(args)
+    buf = torch.zeros(args.size, dtype=torch.uint8, device=device)
     agent.register_memory(buf)
     meta = {
         "agent": name,
         "metadata": base64.b64encode(bytes(agent.get_agent_metadata())).decode(),
         "addr": int(buf.data_ptr()),
         "size": args.size,
+        "mem_type": mem_type,
+        "device_id": dev_id,
     }
     tmp = Path(str(args.meta) + ".tmp")
     tmp.write_text(json.dumps(meta))
@@ -69,12 +86,17 @@ class Initiator:
         self.remote_addr = int(meta["addr"])
         metadata = base64.b64decode(meta["metadata"])
         self.page_bytes = args.page_bytes
-        self.chunk_pages = args.chunk_pages
+        self.chunk_pages = max(1, args.chunk_bytes // args.page_bytes)
+        self.device, self.mem_type, self.dev_id = _device(args)
+        remote_dev = int(meta.get("device_id", 0))
         gen = torch.Generator().manual_seed(1)
-        self.src = torch.randint(0, 256, (args.size,), dtype=torch.uint8, generator=gen)
+        self.src = torch.randint(0, 256, (args.size,), dtype=torch.uint8, generator=gen).to(
+            self.device
+        )
         self.raw = _agent(f"bench-raw-{os.getpid()}")
         self.raw.register_memory(self.src)
         self.raw.add_remote_agent(metadata)
+        self.remote_dev = remote_dev
         self.transport = None
         self.dst = None
         if args.transport:
@@ -82,19 +104,29 @@ class Initiator:
 
             npages = args.size // self.page_bytes
             base = int(self.src.data_ptr())
-            descs = [(base + i * self.page_bytes, self.page_bytes, 0) for i in range(npages)]
-            self.transport = NixlTransport(f"bench-pdw-{os.getpid()}", self.src, descs, "DRAM")
-            remote = [(self.remote_addr + i * self.page_bytes, self.page_bytes, 0)
+            descs = [(base + i * self.page_bytes, self.page_bytes, self.dev_id)
+                     for i in range(npages)]  # fmt: skip
+            self.transport = NixlTransport(
+                f"bench-pdw-{os.getpid()}", self.src, descs, self.mem_type
+            )
+            remote = [(self.remote_addr + i * self.page_bytes, self.page_bytes, remote_dev)
                       for i in range(npages)]  # fmt: skip
-            self.transport.add_peer(self.remote_name, metadata, remote, "DRAM")
+            self.transport.add_peer(self.remote_name, metadata, remote, self.mem_type)
         if args.memcpy:
             self.dst = torch.empty_like(self.src)
             self.dst.copy_(self.src)  # touch the pages once
+            self._sync()
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def run_raw(self, nbytes: int) -> float:
         agent = self.raw
-        local = agent.get_xfer_descs([(int(self.src.data_ptr()), nbytes, 0)], "DRAM")
-        remote = agent.get_xfer_descs([(self.remote_addr, nbytes, 0)], "DRAM")
+        local = agent.get_xfer_descs([(int(self.src.data_ptr()), nbytes, self.dev_id)],
+                                     self.mem_type)  # fmt: skip
+        remote = agent.get_xfer_descs([(self.remote_addr, nbytes, self.remote_dev)],
+                                      self.mem_type)  # fmt: skip
         t0 = time.perf_counter()
         handle = agent.initialize_xfer("WRITE", local, remote, self.remote_name, b"raw")
         state = agent.transfer(handle)
@@ -106,21 +138,41 @@ class Initiator:
             raise RuntimeError(f"raw NIXL WRITE ended in {state}")
         return elapsed
 
-    def run_transport(self, nbytes: int) -> float:
+    def run_transport(self, nbytes: int, chunk_bytes: int = 0) -> float:
         assert self.transport is not None, "start the initiator with --transport"
         pages = list(range(nbytes // self.page_bytes))
-        step = self.chunk_pages
+        step = max(1, chunk_bytes // self.page_bytes) if chunk_bytes else self.chunk_pages
+        chunks = [pages[i : i + step] for i in range(0, len(pages), step)]
+        finished = threading.Event()
+        errors: list[str] = []
+        left = [len(chunks)]
+        lock = threading.Lock()
+
+        def done(err: Any) -> None:
+            with lock:
+                left[0] -= 1
+                if err is not None:
+                    errors.append(str(err))
+                if left[0] == 0:
+                    finished.set()
+
         t0 = time.perf_counter()
-        for index, i in enumerate(range(0, len(pages), step)):
-            chunk = pages[i : i + step]
-            self.transport.write(self.remote_name, chunk, chunk, f"kv:1:{index}".encode(), 30.0)
+        for index, chunk in enumerate(chunks):  # as prefill's shard thread posts one room
+            self.transport.submit(self.remote_name, chunk, chunk, f"kv:1:{index}".encode(),
+                                  timeout=30.0, done=done)  # fmt: skip
+        if not finished.wait(60):
+            raise RuntimeError("transport WRITEs did not finish in 60 s")
+        if errors:
+            raise RuntimeError(f"transport WRITE failed: {errors[0]}")
         self.transport.notify(self.remote_name, b"meta:1")
         return time.perf_counter() - t0
 
     def run_memcpy(self, nbytes: int) -> float:
         assert self.dst is not None, "start the initiator with --memcpy"
+        self._sync()
         t0 = time.perf_counter()
         self.dst[:nbytes].copy_(self.src[:nbytes])
+        self._sync()
         return time.perf_counter() - t0
 
 
@@ -131,7 +183,10 @@ def initiator(args: argparse.Namespace) -> None:
     for line in sys.stdin:
         req = json.loads(line)
         try:
-            answer: dict[str, Any] = {"seconds": ops[req["op"]](int(req["bytes"]))}
+            args = [int(req["bytes"])]
+            if req.get("chunk_bytes"):
+                args.append(int(req["chunk_bytes"]))
+            answer: dict[str, Any] = {"seconds": ops[req["op"]](*args)}
         except Exception as exc:  # report, keep serving
             answer = {"error": f"{type(exc).__name__}: {exc}"}
         print("BENCH " + json.dumps(answer), flush=True)
@@ -143,7 +198,8 @@ def main() -> None:
     p.add_argument("--size", type=int, required=True, help="buffer bytes")
     p.add_argument("--meta", type=Path, required=True, help="target metadata file")
     p.add_argument("--page-bytes", type=int, default=512 * 1024)
-    p.add_argument("--chunk-pages", type=int, default=4)
+    p.add_argument("--chunk-bytes", type=int, default=32 << 20, help="bytes per WRITE")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--transport", action="store_true")
     p.add_argument("--memcpy", action="store_true")
     args = p.parse_args()

@@ -1,6 +1,7 @@
 """KV transfer throughput: pdworker against raw NIXL and memcpy, same bytes, same run.
 
-For each KV size per room (1 MiB to 256 MiB; quick: 1 and 4 MiB), interleaved, several
+For each KV size per room (CPU: 1 MiB to 256 MiB, quick 1 and 4 MiB; `--device cuda`: 16 MiB to
+1 GiB VRAM to VRAM between two processes on one GPU, quick 16 and 64 MiB), interleaved, several
 repetitions, each method once per size per repetition:
 
 * `pdworker_e2e`: one request through router -> prefill -> decode (real processes, real
@@ -9,23 +10,28 @@ repetitions, each method once per size per repetition:
   transfer to the room settled, so it also contains the forward pass of the later chunks and the
   KV checksum that prefill computes before the last chunk: the price of the pipeline, not of NIXL.
 * `pdworker_transport`: the same bytes through pdworker's `NixlTransport` with the worker's
-  chunking (prepared descriptor lists, one WRITE per chunk, its poll loop), between two processes.
+  chunking (prepared page descriptor lists, one WRITE per 32 MiB chunk, all chunks in flight,
+  completions from its progress thread), between two processes.
 * `raw_nixl[<UCX_TLS>]`: one NIXL WRITE of the buffer between two processes, busy-polled, for
   each UCX transport setting (every pair runs with UCX_NET_DEVICES=lo, like the worker).
 * `memcpy`: torch `copy_` of the same bytes (one thread, as the worker runs torch).
 
 Ratios: pdworker/raw-NIXL and raw-NIXL/memcpy, on medians, with the worker's UCX setting (the
-defaults). The target is pdworker >= 0.9 x raw NIXL from 16 MiB up; the JSON says whether it
-was met for both pdworker paths.
+defaults). CPU targets: e2e >= 0.9 x and transport >= 0.95 x raw NIXL from 16 MiB up; GPU
+targets: transport >= 0.8 x from 64 MiB, e2e >= 0.5 x at 1 GiB; the JSON says which were met.
+The GPU run writes `kv_transfer-gpu.json` and keeps to a wall budget (`GPU_BUDGET_S`) so it fits
+one device lease: repetitions stop early (recorded) rather than overrun.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -34,41 +40,73 @@ from bench import common
 MIB = 1 << 20
 FULL_SIZES = [1, 4, 16, 64, 256]
 QUICK_SIZES = [1, 4]
+GPU_SIZES = [16, 64, 256, 1024]
+GPU_QUICK_SIZES = [16, 64]
+GPU_BUDGET_S = 240.0  # wall budget for a GPU run up to its last repetition (about 5 min in all)
 UCX_SETTINGS: dict[str, dict[str, str]] = {
     "default": {},
     "cma,tcp,self": {"UCX_TLS": "cma,tcp,self"},
     "sm,tcp,self": {"UCX_TLS": "sm,tcp,self"},
     "tcp,self": {"UCX_TLS": "tcp,self"},
 }
-# KV geometry for the worker: 2 heads x 16 dims x 32 layers, 64-token pages = 512 KiB pages,
-# 8 KiB of KV per token, so 256 MiB is a 32768-token prompt. Small hidden size on purpose: the
-# tiny model's forward costs little per KV byte. chunk-pages 4 is the worker's default.
-PAGE_TOKENS, LAYERS, HEADS, HEAD_DIM, CHUNK_PAGES = 64, 32, 2, 16, 4
-PAGE_BYTES = LAYERS * 2 * PAGE_TOKENS * HEADS * HEAD_DIM * 4
-TOKEN_BYTES = PAGE_BYTES // PAGE_TOKENS
 
 
-def worker_flags(kv_pages: int) -> list[str]:
+@dataclass(frozen=True)
+class Geometry:
+    layers: int
+    heads: int
+    head_dim: int
+    page_tokens: int
+    dtype: str
+    elem: int
+
+    @property
+    def token_bytes(self) -> int:
+        return self.layers * 2 * self.heads * self.head_dim * self.elem
+
+    @property
+    def page_bytes(self) -> int:
+        return self.token_bytes * self.page_tokens
+
+
+# CPU: 2 heads x 16 dims x 32 layers, fp32, 64-token pages = 512 KiB pages, 8 KiB of KV per
+# token, so 256 MiB is a 32768-token prompt. Small hidden size on purpose: the tiny model's
+# forward costs little per KV byte.
+CPU_GEOMETRY = Geometry(32, 2, 16, 64, "float32", 4)
+# GPU: Llama-3-8B-like KV (32 layers, 8 KV heads x 128, bf16, 64-token pages): 128 KiB per
+# token, 8 MiB pages, 1 GiB = 8192 tokens.
+GPU_GEOMETRY = Geometry(32, 8, 128, 64, "bfloat16", 2)
+CHUNK_BYTES = 32 * MIB  # the worker's default --chunk-bytes
+GPU_ALT_CHUNK = 128 * MIB  # measured too on GPU: the transport with 4x bigger WRITEs
+# Kept for readers of older JSON: the CPU page size.
+PAGE_TOKENS, LAYERS, HEADS, HEAD_DIM = 64, 32, 2, 16
+PAGE_BYTES = CPU_GEOMETRY.page_bytes
+TOKEN_BYTES = CPU_GEOMETRY.token_bytes
+
+
+def worker_flags(kv_pages: int, geo: Geometry = CPU_GEOMETRY, device: str = "cpu") -> list[str]:
+    # Default heartbeats (2 s x 2) on purpose: the forward pass and KV checks run off the event
+    # loop now, so a big room must not make decode declare a healthy prefill lost.
     return [
-        "--layers", str(LAYERS), "--heads", str(HEADS), "--head-dim", str(HEAD_DIM),
-        "--page-size", str(PAGE_TOKENS), "--vocab", "1024", "--kv-pages", str(kv_pages),
-        "--chunk-pages", str(CHUNK_PAGES), "--device", "cpu", "--waiting-timeout", "120",
-        "--bootstrap-timeout", "120", "--inflight-timeout", "120", "--transfer-timeout", "30",
-        # A 256 MiB room keeps prefill's event loop busy (forward, checksum) for seconds on two
-        # loaded cores; the default heartbeats (2 s x 2) then declare the prefill lost.
-        "--heartbeat-interval", "5", "--heartbeat-failures", "6", "--peer-timeout", "60",
+        "--layers", str(geo.layers), "--heads", str(geo.heads), "--head-dim", str(geo.head_dim),
+        "--page-size", str(geo.page_tokens), "--dtype", geo.dtype, "--vocab", "1024",
+        "--kv-pages", str(kv_pages), "--chunk-bytes", str(CHUNK_BYTES), "--device", device,
+        "--waiting-timeout", "120", "--bootstrap-timeout", "120", "--inflight-timeout", "120",
+        "--transfer-timeout", "30",
     ]  # fmt: skip
 
 
 class Pair:
     """A NIXL target and initiator process under one UCX setting."""
 
-    def __init__(self, tmp: Path, label: str, env: dict[str, str], size: int, extra: list[str]):
+    def __init__(self, tmp: Path, label: str, env: dict[str, str], size: int, extra: list[str],
+                 *, geo: Geometry = CPU_GEOMETRY, device: str = "cpu"):  # fmt: skip
         self.label = label
         meta = tmp / f"meta-{label.replace(',', '_')}.json"
         full_env = {**os.environ, "UCX_NET_DEVICES": "lo", **env}
         cmd = [sys.executable, "-m", "bench._nixl_peer"]
-        common_args = ["--size", str(size), "--meta", str(meta), "--page-bytes", str(PAGE_BYTES)]
+        common_args = ["--size", str(size), "--meta", str(meta), "--page-bytes",
+                       str(geo.page_bytes), "--device", device]  # fmt: skip
         self.logs = [open(tmp / f"{label}-{r}.log", "wb") for r in ("target", "initiator")]  # noqa: SIM115
         self.target = subprocess.Popen(
             [*cmd, "target", *common_args], stdin=subprocess.PIPE, stdout=self.logs[0],
@@ -78,7 +116,7 @@ class Pair:
         if self.target.poll() is not None:
             raise RuntimeError(f"NIXL target ({label}) exited: {self._log(0)}")
         self.init = subprocess.Popen(
-            [*cmd, "initiator", *common_args, "--chunk-pages", str(CHUNK_PAGES), *extra],
+            [*cmd, "initiator", *common_args, "--chunk-bytes", str(CHUNK_BYTES), *extra],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.logs[1], env=full_env,
             text=True, start_new_session=True,
         )  # fmt: skip
@@ -99,9 +137,10 @@ class Pair:
                 answer: dict[str, Any] = json.loads(line[6:])
                 return answer
 
-    def time(self, op: str, nbytes: int) -> float:
+    def time(self, op: str, nbytes: int, chunk_bytes: int = 0) -> float:
         assert self.init.stdin is not None
-        self.init.stdin.write(json.dumps({"op": op, "bytes": nbytes}) + "\n")
+        req = {"op": op, "bytes": nbytes, "chunk_bytes": chunk_bytes}
+        self.init.stdin.write(json.dumps(req) + "\n")
         self.init.stdin.flush()
         answer = self._answer()
         if "error" in answer:
@@ -125,8 +164,10 @@ class Pair:
 class Pipeline:
     """prefill + decode + router; one room of a given KV size at a time."""
 
-    def __init__(self, workers: common.Workers, kv_pages: int) -> None:
-        flags = worker_flags(kv_pages)
+    def __init__(self, workers: common.Workers, kv_pages: int, geo: Geometry = CPU_GEOMETRY,
+                 device: str = "cpu") -> None:  # fmt: skip
+        flags = worker_flags(kv_pages, geo, device)
+        self.geo = geo
         self.workers = workers
         self.prefill = workers.worker("prefill", flags)
         self.decode = workers.worker("decode", flags)
@@ -136,7 +177,7 @@ class Pipeline:
         self.workers.wait_ready(self.prefill, self.decode, self.router)
 
     def time(self, nbytes: int) -> dict[str, float]:
-        tokens = nbytes // TOKEN_BYTES
+        tokens = nbytes // self.geo.token_bytes
         ids = [(i * 7919) % 1024 for i in range(tokens)]
         name = "pdworker_kv_transfer_seconds"
         before = [common.scrape(w.url) for w in (self.prefill, self.decode)]
@@ -169,25 +210,43 @@ def gbps(nbytes: int, seconds: list[float]) -> dict[str, float]:
     return common.stats(nbytes / s / 1e9 for s in seconds if s > 0)
 
 
-def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
-    sizes = [s * MIB for s in (QUICK_SIZES if quick else FULL_SIZES)]
-    reps = 2 if quick else 5
-    settings = {"default": UCX_SETTINGS["default"]} if quick else UCX_SETTINGS
+SHORT_SIZES = [1, 4, 16, 64]
+
+
+def run(quick: bool, out: Path, readme: Path | None, device: str = "cpu",
+        short: bool = False) -> dict[str, Any]:  # fmt: skip
+    """`short`: CPU sizes 1-64 MiB, 3 repetitions, default UCX only (a loaded shared box)."""
+    gpu = device.startswith("cuda")
+    geo = GPU_GEOMETRY if gpu else CPU_GEOMETRY
+    if gpu:
+        sizes = [s * MIB for s in (GPU_QUICK_SIZES if quick else GPU_SIZES)]
+    else:
+        sizes = [s * MIB for s in (QUICK_SIZES if quick else SHORT_SIZES if short else FULL_SIZES)]
+    reps = 2 if quick else 3 if short else 5
+    # On a GPU the UCX transport is CUDA IPC whatever UCX_TLS says about host memory.
+    settings = {"default": UCX_SETTINGS["default"]} if quick or gpu or short else UCX_SETTINGS
     biggest = max(sizes)
     started = time.monotonic()
+    budget_end = started + GPU_BUDGET_S if gpu else float("inf")
+    reps_done = 0
     times: dict[str, dict[int, list[float]]] = {}
     extra_e2e: dict[str, dict[int, list[float]]] = {"decode": {}, "client": {}}
     errors: list[str] = []
     with common.Workers() as workers:
-        pipe = Pipeline(workers, kv_pages=biggest // PAGE_BYTES + 8)
+        pipe = Pipeline(workers, kv_pages=biggest // geo.page_bytes + 8, geo=geo, device=device)
         pairs = {}
         try:
             for label, env in settings.items():
                 extra = ["--transport", "--memcpy"] if label == "default" else []
-                pairs[label] = Pair(workers.tmp, label, env, biggest, extra)
+                pairs[label] = Pair(workers.tmp, label, env, biggest, extra, geo=geo, device=device)
             pipe.wait()
             methods: list[tuple[str, Any]] = [("pdworker_e2e", pipe.time)]
             methods.append(("pdworker_transport", lambda n: pairs["default"].time("transport", n)))
+            if gpu:  # one lease should also say whether bigger WRITEs would serve a GPU better
+                methods.append((
+                    f"pdworker_transport[{GPU_ALT_CHUNK // MIB}MiB chunks]",
+                    lambda n: pairs["default"].time("transport", n, GPU_ALT_CHUNK),
+                ))  # fmt: skip
             for label, pair in pairs.items():
                 methods.append((f"raw_nixl[{label}]", lambda n, p=pair: p.time("raw", n)))
             methods.append(("memcpy", lambda n: pairs["default"].time("memcpy", n)))
@@ -195,6 +254,10 @@ def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
                 fn(sizes[0])
                 fn(biggest)
             for rep in range(reps):
+                if time.monotonic() > budget_end:
+                    errors.append(f"wall budget reached: {rep} of {reps} repetitions done")
+                    break
+                reps_done = rep + 1
                 for i, size in enumerate(sizes):
                     k = (rep + i) % len(methods)  # rotate the order: no method is always first
                     for name, fn in methods[k:] + methods[:k]:
@@ -237,6 +300,9 @@ def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
         ratios["pdworker_e2e/raw_nixl"][str(m)] = med("pdworker_e2e", m) / raw
         ratios["pdworker_transport/raw_nixl"][str(m)] = med("pdworker_transport", m) / raw
         ratios["raw_nixl/memcpy"][str(m)] = raw / med("memcpy", m)
+        if gpu:
+            alt = f"pdworker_transport[{GPU_ALT_CHUNK // MIB}MiB chunks]"
+            ratios.setdefault(f"{alt}/raw_nixl", {})[str(m)] = med(alt, m) / raw
     # The same ratios on the best repetition (max GB/s): on a shared, loaded machine the best run
     # is the least disturbed one, so these show capability while the medians show typical.
     ratios_best: dict[str, dict[str, float]] = {k: {} for k in ratios}
@@ -247,11 +313,24 @@ def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
             med("pdworker_transport", m, "max") / raw
         )
         ratios_best["raw_nixl/memcpy"][str(m)] = raw / med("memcpy", m, "max")
+
+    def met(key: str, floor: float, least_mib: int) -> bool | None:
+        judged = [m for m in mibs if m >= least_mib]
+        return all(ratios[key][str(m)] >= floor for m in judged) if judged else None
+
+    if gpu:
+        target = {
+            "pdworker_transport": met("pdworker_transport/raw_nixl", 0.8, 64),
+            "pdworker_e2e": met("pdworker_e2e/raw_nixl", 0.5, 1024),
+        }
+        target_name = "target_gpu_transport_ge_0.8_from_64mib_e2e_ge_0.5_at_1gib"
+    else:
+        target = {
+            "pdworker_transport": met("pdworker_transport/raw_nixl", 0.95, 16),
+            "pdworker_e2e": met("pdworker_e2e/raw_nixl", 0.9, 16),
+        }
+        target_name = "target_cpu_e2e_ge_0.9_transport_ge_0.95_from_16mib"
     big = [m for m in mibs if m >= 16]
-    target = {
-        key: (all(ratios[f"{key}/raw_nixl"][str(m)] >= 0.9 for m in big) if big else None)
-        for key in ("pdworker_e2e", "pdworker_transport")
-    }
     # Recommended UCX setting: the best raw median over the sizes >= 16 MiB (all sizes in quick);
     # the defaults win ties within 5%, since then nothing needs to be set.
     judged = big or mibs
@@ -261,25 +340,33 @@ def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
     best = max(score, key=lambda k: score[k])
     recommended = "default" if score["default"] >= 0.95 * score[best] else best
     data = {
+        "device": device,
         "sizes_mib": mibs,
         "repetitions": reps,
+        "repetitions_done": reps_done,
         "units": "GB/s (1e9 bytes/s): min/median/max over repetitions",
         "geometry": {
-            "page_bytes": PAGE_BYTES,
-            "chunk_pages": CHUNK_PAGES,
-            "token_bytes": TOKEN_BYTES,
+            "layers": geo.layers,
+            "kv_heads": geo.heads,
+            "head_dim": geo.head_dim,
+            "dtype": geo.dtype,
+            "page_tokens": geo.page_tokens,
+            "page_bytes": geo.page_bytes,
+            "chunk_bytes": CHUNK_BYTES,
+            "token_bytes": geo.token_bytes,
         },
         "gbps": results,
         "ratios": ratios,
         "ratios_best": ratios_best,
-        "target_pdworker_ge_0.9_raw_from_16mib": target,
+        target_name: target,
         "ucx_mean_raw_gbps": score,
         "recommended_ucx": recommended,
         "wall_seconds": round(time.monotonic() - started, 1),
         "errors": errors,
         "notes": [
             "pdworker_e2e: prefill's own pdworker_kv_transfer_seconds per room (first chunk queued"
-            " -> room settled); includes the forward of later chunks and the KV checksum.",
+            " -> last chunk's WRITE done and the meta sent); includes the forward of later chunks "
+            "and the sampled KV fingerprint.",
             "pdworker_e2e_decode_view: decode's histogram (handshake done -> KV verified); it also "
             "contains the whole prefill forward and decode's checksum.",
             "pdworker_e2e_client_latency: bytes / client-observed request latency.",
@@ -294,12 +381,25 @@ def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
         f"memcpy {med('memcpy', top):.2f} GB/s; e2e/raw "
         f"{ratios['pdworker_e2e/raw_nixl'][str(top)]:.2f}, transport/raw "
         f"{ratios['pdworker_transport/raw_nixl'][str(top)]:.2f}, raw/memcpy "
-        f"{ratios['raw_nixl/memcpy'][str(top)]:.2f}; >=0.9 from 16 MiB: e2e "
+        f"{ratios['raw_nixl/memcpy'][str(top)]:.2f}; targets met: e2e "
         f"{target['pdworker_e2e']}, transport {target['pdworker_transport']}; UCX: {recommended}"
     )
-    _plot(common.plot_path(out, "kv_transfer", quick), mibs, results)
-    common.write_result(out, "kv_transfer", data, quick, readme, figures)
+    name = (
+        "kv_transfer-gpu" if gpu else "kv_transfer-short" if short and not quick else "kv_transfer"
+    )
+    try:
+        _plot(common.plot_path(out, name, quick), mibs, results)
+    except ImportError as exc:  # a bare GPU machine may lack matplotlib: numbers still count
+        data["notes"].append(f"no plot: {exc}")
+    short_mode = short and not quick and not gpu
+    common.write_result(out, name, data, quick, None if short_mode else readme, figures)
+    if short_mode and readme is not None:  # its README row says "short", not "full"
+        common.update_readme(readme, name, "short", data_date(out / f"{name}.json"), figures)
     return data
+
+
+def data_date(path: Path) -> str:
+    return str(json.loads(path.read_text())["date"])[:10]
 
 
 def _plot(path: Path, mibs: list[int], results: dict[str, Any]) -> None:
@@ -325,8 +425,17 @@ def _plot(path: Path, mibs: list[int], results: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = common.parse_args(__doc__ or "", argv)
-    data = run(args.quick, args.out, args.readme)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--device", default="cpu", help="cpu, or cuda[:N] for the GPU benchmark")
+    pre.add_argument("--short", action="store_true", help="CPU: 1-64 MiB, 3 reps, default UCX")
+    known, rest = pre.parse_known_args(argv)
+    args = common.parse_args(__doc__ or "", rest)
+    if known.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: no CUDA device here (torch.cuda.is_available())")
+    data = run(args.quick, args.out, args.readme, known.device, known.short)
     print(json.dumps({k: data[k] for k in ("ratios", "recommended_ucx", "wall_seconds")}, indent=1))
 
 

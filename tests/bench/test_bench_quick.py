@@ -1,6 +1,6 @@
 """Every benchmark's quick mode runs and writes sane results, so the benchmark code cannot rot.
 
-The five quick runs start together (each is its own process with its own loopback workers) to
+The quick runs start together (each is its own process with its own loopback workers) to
 keep the wall time low on two cores; the tests then check each one's JSON and PNG. Nothing here
 asserts a timing: only that the numbers exist, are finite and positive, and that invariants the
 benchmarks exist to show hold (no leaked rooms after the abort storm).
@@ -19,7 +19,7 @@ import pytest
 
 pytestmark = [pytest.mark.nixl]
 ROOT = Path(__file__).resolve().parents[2]
-NAMES = ("kv_transfer", "request_path", "abort_storm", "recovery", "operator_scale")
+NAMES = ("kv_transfer", "kv_storm", "request_path", "abort_storm", "recovery", "operator_scale")
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +73,17 @@ def test_kv_transfer(results: dict[str, Any]) -> None:
     for ratio in ("pdworker_e2e/raw_nixl", "pdworker_transport/raw_nixl", "raw_nixl/memcpy"):
         assert all(ok(v) for v in data["ratios"][ratio].values())
     assert data["recommended_ucx"] in data["ucx_mean_raw_gbps"]
+
+
+def test_kv_storm(results: dict[str, Any]) -> None:
+    data = check(results, "kv_storm")
+    assert data["load"]["requests"] > 0
+    for name, probe in data["probes"].items():
+        assert probe["n"] > 0 and ok(probe["p99_ms"]), (name, probe)
+    assert set(data["goals"]) == {
+        "health_p99_lt_100ms", "no_peer_lost", "no_leaks", "no_checksum_mismatch"
+    }  # fmt: skip
+    assert data["goals"]["no_leaks"] and data["goals"]["no_checksum_mismatch"], data["after"]
 
 
 def test_request_path(results: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ import torch
 
 from pdworker.discovery import parse_endpoints, ready_pod_urls
 from pdworker.faults import Faults, FaultSpecError, parse_faults
-from pdworker.model import KVPool, ModelConfig, TinyModel, kv_checksum
+from pdworker.model import KVPool, ModelConfig, TinyModel
 from pdworker.server import BadRequest, FailSelector, parse_fail_body
 
 
@@ -56,6 +56,8 @@ def test_parse_faults() -> None:
     assert f.legacy_status_race and f.no_inflight_watchdog
     assert f.decode_stall and f.decode_stall_after == 5
     assert parse_faults(["drop-notifications=0.25"]).drop_notifications == 0.25
+    assert parse_faults(["corrupt-kv=1"]).corrupt_kv == 1.0
+    assert parse_faults(["corrupt-kv=0.5"]).names() == ["corrupt-kv=0.5"]
     assert parse_faults(["decode-stall"]).decode_stall_after is None
     for bad in ("nope", "drop-notifications", "drop-notifications=2", "decode-stall=x",
                 "legacy-status-race=1"):  # fmt: skip
@@ -99,14 +101,17 @@ def test_kubernetes_discovery_uses_ready_pods_only() -> None:
     assert parse_endpoints("127.0.0.1:1, http://a:2/") == ["http://127.0.0.1:1", "http://a:2"]
 
 
-def test_kv_pool_roundtrip_and_chunked_prefill_is_exact() -> None:
+def test_kv_pool_roundtrip_and_chunked_prefill_matches() -> None:
+    # Chunked prefill equals the whole prompt's KV up to float rounding: the CPU matmul kernels
+    # pick their blocking by row count, so the last bits may differ (seen here with 1 thread as
+    # well). Tests that need exact bytes compute in the worker's own chunks (test_integrity).
     cfg = ModelConfig(layers=2, heads=2, head_dim=8, page_size=4, vocab=64)
     model = TinyModel(cfg, torch.device("cpu"))
     ids = list(range(11))
     kv, _ = model.prefill(ids)
     a, _ = model.prefill_chunk(ids[:8])
     b, _ = model.prefill_chunk(ids[8:])
-    assert kv_checksum(torch.cat([a, b], dim=2)) == kv_checksum(kv)
+    torch.testing.assert_close(torch.cat([a, b], dim=2), kv)
     pool = KVPool(cfg, 16, torch.device("cpu"))
     pages = [9, 2, 5]
     pool.write_tokens(pages, kv)

@@ -8,26 +8,45 @@ import time
 
 import pytest
 import torch
-from pdharness import PD, http, metric, scrape, wait_clean
+from pdharness import PD, SMALL, http, metric, scrape, wait_clean
 
-from pdworker.model import ModelConfig, TinyModel, kv_checksum
+from pdworker import integrity
+from pdworker.model import KVPool, ModelConfig, TinyModel, pick_device
 
 pytestmark = pytest.mark.nixl
 CFG = ModelConfig(layers=2, heads=2, head_dim=16, page_size=4, vocab=1024)
+CHUNK_PAGES = int(SMALL[SMALL.index("--chunk-pages") + 1])
 
 
-def expected(ids: list[int], max_new: int) -> tuple[str, list[int]]:
+def expected(ids: list[int], max_new: int, checksum: str) -> tuple[str, list[int]]:
+    """What the worker must answer, computed the way it computes it and ON ITS DEVICE.
+
+    The worker's `--device auto` picks CUDA when there is one: float results differ between
+    devices (and between matmul shapes), so the KV is computed here on that device, in the
+    worker's chunks, and fingerprinted over the same pages the checksum string names.
+    """
     torch.set_num_threads(1)
-    model = TinyModel(CFG, torch.device("cpu"))
-    kv, first = model.prefill(ids)
-    tokens = [first]
+    device = pick_device("auto")
+    model = TinyModel(CFG, device)
+    npages = CFG.pages_for(len(ids))
+    pool = KVPool(CFG, npages, device)
+    span = CHUNK_PAGES * CFG.page_size
+    for c in range(0, len(ids), span):
+        kv, last = model.prefill_chunk(ids[c : c + span])
+        first_page = c // CFG.page_size
+        pool.write_tokens(list(range(first_page, min(npages, first_page + CHUNK_PAGES))), kv)
+    spec = integrity.decode_spec(checksum)
+    assert spec is not None, checksum
+    pages = list(range(npages))
+    kv_last = pool.read_tokens(pages, len(ids), layers=slice(-1, None))
+    tokens = [model.first_token(last)]
     for _ in range(max_new - 1):
-        tokens.append(model.decode_step(kv, tokens[-1]))
-    return kv_checksum(kv), tokens
+        tokens.append(model.decode_step(kv_last, tokens[-1]))
+    return integrity.checksum(pool.tensor, pages, spec), tokens
 
 
 def test_200_requests_checksums_and_metrics_agree(pd: PD) -> None:
-    prefill, decode, router = pd.trio()
+    prefill, decode, router = pd.trio("--kv-verify", "full")
 
     # A few requests whose KV we recompute here: the bytes decode received are the model's.
     for ids, max_new in (([5], 1), (list(range(1, 22)), 4), ([7] * 37, 3), (list(range(100)), 2)):
@@ -35,7 +54,8 @@ def test_200_requests_checksums_and_metrics_agree(pd: PD) -> None:
             "POST", f"{router.url}/generate", {"input_ids": ids, "max_new_tokens": max_new}
         )
         assert status == 200, body
-        checksum, tokens = expected(ids, max_new)
+        assert body["kv_checksum"].startswith(f"full.{CFG.pages_for(len(ids))}.")
+        checksum, tokens = expected(ids, max_new, body["kv_checksum"])
         assert body["kv_checksum"] == checksum
         assert body["output_ids"] == tokens
 
@@ -69,6 +89,28 @@ def test_200_requests_checksums_and_metrics_agree(pd: PD) -> None:
             assert metric(samples, "pdworker_requests_failed_total", reason=reason) == 0
     incarnations = [k for k in p if k[0] == "pdworker_incarnation_info"]
     assert len(incarnations) == 1 and dict(incarnations[0][1])["incarnation"].startswith("prefill-")
+
+
+def test_a_flipped_byte_in_a_landed_page_is_caught_with_the_default_verify(pd: PD) -> None:
+    # corrupt-kv=1: decode flips one random bit of one random byte of a landed page in every
+    # room, before checking. With the default `--kv-verify sample` a one-page room is checked
+    # whole, so every such room must fail, be counted, and nothing may leak.
+    prefill, decode, router = pd.trio(decode_extra=("--fault", "corrupt-kv=1"))
+    for i in range(20):
+        ids = [(i * 31 + j) % 1024 for j in range(1 + i % CFG.page_size)]
+        status, body = http("POST", f"{router.url}/generate", {"input_ids": ids})
+        assert status == 500 and body["reason"] == "transfer_error", body
+    wait_clean(pd, prefill)
+    wait_clean(pd, decode)
+    d = scrape(decode.url)
+    assert metric(d, "pdworker_kv_checksum_mismatch_total") == 20
+    assert metric(d, "pdworker_requests_completed_total", role="decode") == 0
+    # And the same requests without the fault all pass the check (the check is not just "fail").
+    _prefill2, decode2, router2 = pd.trio()
+    for i in range(20):
+        ids = [(i * 31 + j) % 1024 for j in range(1 + i % CFG.page_size)]
+        assert http("POST", f"{router2.url}/generate", {"input_ids": ids})[0] == 200
+    assert metric(scrape(decode2.url), "pdworker_kv_checksum_mismatch_total") == 0
 
 
 def test_bad_generate_bodies_are_4xx_with_a_reason(pd: PD) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from pdworker import __version__
 from pdworker import contract as c
+from pdworker.config import DEFAULT_CHUNK_BYTES
 from pdworker.faults import FaultSpecError, parse_faults
 from pdworker.limits import DEFAULT_MAX_ROOMS
 
@@ -29,6 +30,20 @@ EPILOG = (
     "Workers bound to a loopback --host set UCX_NET_DEVICES=lo unless it is already set, so "
     "NIXL/UCX listens on loopback only."
 )
+
+
+def _byte_size(text: str) -> int:
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "k": 1 << 10, "m": 1 << 20,
+             "g": 1 << 30, "b": 1, "": 1}  # fmt: skip
+    raw = text.strip().lower()
+    digits = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
+    try:
+        value = int(digits) * units[raw[len(digits) :].strip()]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a byte size: {text!r} (e.g. 32MiB)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"byte size must be positive: {text!r}")
+    return value
 
 
 def _env(name: str, fallback: str) -> str:
@@ -87,10 +102,32 @@ def _worker_flags(p: argparse.ArgumentParser, role: str) -> None:
         "--kv-pages", type=int, default=4096, help="pages in the KV pool (default: 4096)"
     )
     g.add_argument(
+        "--chunk-bytes",
+        type=_byte_size,
+        default=DEFAULT_CHUNK_BYTES,
+        help="KV bytes per prefill chunk = per NIXL WRITE, rounded down to whole pages, at "
+        "least one; suffixes KiB, MiB, GiB (default: 32MiB)",
+    )
+    g.add_argument(
         "--chunk-pages",
         type=int,
-        default=4,
-        help="pages per prefill chunk / NIXL WRITE (default: 4)",
+        default=0,
+        help="pages per prefill chunk / NIXL WRITE; overrides --chunk-bytes (default: 0 = "
+        "use --chunk-bytes)",
+    )
+    g.add_argument(
+        "--kv-verify",
+        choices=["full", "sample", "off"],
+        default="sample",
+        help="KV integrity check, computed on the pool's device: full (every page), sample "
+        "(~1/32 of each room's pages, always the last one), off (default: sample)",
+    )
+    g.add_argument(
+        "--compute-threads",
+        type=int,
+        default=2,
+        help="threads running forward passes, page scatter and KV checks off the event loop "
+        "(default: 2)",
     )
     g.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads (default: 1)")
     g.add_argument(
@@ -202,7 +239,7 @@ def _worker_flags(p: argparse.ArgumentParser, role: str) -> None:
         metavar="NAME[=VALUE]",
         help="enable a production bug on purpose (repeatable, comma separated): "
         "legacy-status-race, no-inflight-watchdog, decode-stall[=N requests], "
-        f"drop-notifications=P; also ${c.FAULTS_ENV}",
+        f"drop-notifications=P, corrupt-kv=P; also ${c.FAULTS_ENV}",
     )
 
 
@@ -321,6 +358,9 @@ def _worker_config(args: argparse.Namespace) -> object:
         device=args.device,
         kv_pages=args.kv_pages,
         chunk_pages=args.chunk_pages,
+        chunk_bytes=args.chunk_bytes,
+        kv_verify=args.kv_verify,
+        compute_threads=max(1, args.compute_threads),
         transfer_threads=args.transfer_threads,
         bootstrap_timeout=args.bootstrap_timeout,
         waiting_timeout=args.waiting_timeout,

@@ -17,6 +17,10 @@ from pdworker.limits import DEFAULT_MAX_ROOMS, MAX_PROMPT_TOKENS
 from pdworker.server import BadRequest
 
 MAX_TOKEN_ID = 2**31
+# One prefill chunk = one NIXL WRITE. 32 MiB: on an H200 one WRITE reaches ~0.5x of its 1 GiB
+# rate from 64 MiB and pays ~0.1 ms fixed cost per WRITE, while chunks must stay small enough
+# that the forward of chunk k+1 overlaps the WRITE of chunk k (bench/kv_transfer).
+DEFAULT_CHUNK_BYTES = 32 << 20
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -59,7 +63,10 @@ class WorkerConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     device: str = "auto"
     kv_pages: int = 4096
-    chunk_pages: int = 4
+    chunk_pages: int = 0  # 0: derived from chunk_bytes
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    kv_verify: str = "sample"
+    compute_threads: int = 2
     transfer_threads: int = 4
     bootstrap_timeout: float = 30.0
     waiting_timeout: float = 30.0
@@ -84,6 +91,13 @@ class WorkerConfig:
         if not self.incarnation:
             pod = self.pod.replace("_", "-") or "pod"
             self.incarnation = f"{self.role}-{pod}-{uuid.uuid4().hex[:12]}"
+
+    @property
+    def pages_per_chunk(self) -> int:
+        """Pages per prefill chunk (= per NIXL WRITE): --chunk-pages, else --chunk-bytes."""
+        if self.chunk_pages > 0:
+            return self.chunk_pages
+        return max(1, self.chunk_bytes // self.model.page_bytes)
 
     @property
     def address(self) -> str:

@@ -61,11 +61,13 @@ FAULT_LEGACY_STATUS_RACE: Final = "legacy-status-race"
 FAULT_NO_INFLIGHT_WATCHDOG: Final = "no-inflight-watchdog"
 FAULT_DECODE_STALL: Final = "decode-stall"
 FAULT_DROP_NOTIFICATIONS: Final = "drop-notifications"
+FAULT_CORRUPT_KV: Final = "corrupt-kv"  # decode flips one byte of a landed page, probability P
 FAULTS: Final = (
     FAULT_LEGACY_STATUS_RACE,
     FAULT_NO_INFLIGHT_WATCHDOG,
     FAULT_DECODE_STALL,
     FAULT_DROP_NOTIFICATIONS,
+    FAULT_CORRUPT_KV,
 )
 FAULTS_ENV: Final = "PDWORKER_FAULTS"
 ADMIN_TOKEN_FILE_ENV: Final = "PDWORKER_ADMIN_TOKEN_FILE"
@@ -127,7 +129,9 @@ Notification = KVChunk | KVMeta | KVFail
 
 
 def _checksum_ok(value: str) -> bool:
-    return 0 < len(value) <= 128 and value.isascii() and value.isalnum()
+    # An integrity fingerprint such as `sample.8.12345.00ab...` (pdworker.integrity): ASCII
+    # letters, digits and dots, never the `:` that separates the fields.
+    return 0 < len(value) <= 128 and value.isascii() and value.replace(".", "").isalnum()
 
 
 def encode_notification(note: Notification) -> bytes:

@@ -17,14 +17,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from aiohttp import web
 
-from pdworker import limits
+from pdworker import integrity, limits
+from pdworker.compute import compute_executor
 from pdworker.config import WorkerConfig, parse_ids, parse_positive_int
 from pdworker.contract import KVChunk, KVFail, KVMeta, KVPoll, decode_notification
 from pdworker.handshake import Refused, split_address
 from pdworker.metrics import WorkerMetrics
-from pdworker.model import KVPool, TinyModel, kv_checksum
+from pdworker.model import KVPool, TinyModel
+from pdworker.ordering import Ordering
 from pdworker.prefill_link import PeerError, PrefillLinks, endpoint
 from pdworker.rooms import Peer, RoomRejected, RoomTable
 from pdworker.server import (
@@ -84,6 +87,8 @@ class DecodeWorker:
         self.requests_seen = 0
         self.stopping = False
         self.started = False
+        self.ordering = Ordering(pool.device)
+        self.compute = compute_executor(cfg.compute_threads, pool.device)
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -104,6 +109,7 @@ class DecodeWorker:
         for task in self.tasks:
             task.cancel()
         await self.links.close()
+        self.compute.shutdown(wait=False, cancel_futures=True)
         self.transport.close()
 
     def ready(self) -> bool:
@@ -217,8 +223,11 @@ class DecodeWorker:
         if self.table.status(room) != KVPoll.Transferring or work.n_chunks is None:
             self._fail(room, "transfer_error", "transfer ended without data")
             return self._failure(room)
-        kv = self.pool.read_tokens(pages, len(work.ids))
-        if kv_checksum(kv) != work.checksum:
+        loop = asyncio.get_running_loop()
+        # The KV has landed (every chunk's notification and the meta arrived): verify it and
+        # copy out what decoding needs on a compute thread, never on the event loop.
+        ok, kv = await loop.run_in_executor(self.compute, self._verify_and_read, work)
+        if not ok:
             self.metrics.checksum_mismatch.inc()
             self._fail(room, "transfer_error", "KV checksum mismatch")
             return self._failure(room)
@@ -231,7 +240,9 @@ class DecodeWorker:
             await self.unstalled.wait()
             if self.cfg.decode_token_ms:
                 await asyncio.sleep(self.cfg.decode_token_ms / 1000)  # a real model's step
-            tokens.append(self.model.decode_step(kv, tokens[-1]))
+            tokens.append(
+                await loop.run_in_executor(self.compute, self.model.decode_step, kv, tokens[-1])
+            )
             self.metrics.generated_tokens.inc()
         work.finished = True
         self.metrics.completed.labels(role="decode").inc()
@@ -243,6 +254,27 @@ class DecodeWorker:
             "kv_bytes": len(pages) * self.cfg.model.page_bytes,
             "prompt_tokens": len(work.ids),
         }
+
+    def _verify_and_read(self, work: DecodeWork) -> tuple[bool, torch.Tensor]:
+        """(compute thread) check the landed KV against prefill's fingerprint; return the last
+        layer's KV (a copy, so the pages can be freed while decoding goes on)."""
+        pages = work.pages
+        corrupt = self.cfg.faults.corrupt_kv
+        if corrupt and random.random() < corrupt:
+            self._flip_one_byte(pages)
+        ok = True
+        spec = integrity.decode_spec(work.checksum)
+        if self.cfg.kv_verify != integrity.OFF and spec is not None:
+            ok = integrity.checksum(self.pool.tensor, pages, spec) == work.checksum
+        kv = self.pool.read_tokens(pages, len(work.ids), layers=slice(-1, None))
+        self.ordering.sync()  # the copy is done before the pages can be freed and rewritten
+        return ok, kv
+
+    def _flip_one_byte(self, pages: list[int]) -> None:
+        """The corrupt-kv fault: one byte of one landed page changes, as a bad transfer would."""
+        page = self.pool.tensor[random.choice(pages)].view(-1).view(torch.uint8)
+        at = random.randrange(page.numel())
+        page[at] ^= 1 << random.randrange(8)
 
     async def _cleanup(self, room: int, work: DecodeWork) -> None:
         await self.unstalled.wait()  # a wedged decode does not clean up either

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pdworker.contract import (
+    FAULT_CORRUPT_KV,
     FAULT_DECODE_STALL,
     FAULT_DROP_NOTIFICATIONS,
     FAULT_LEGACY_STATUS_RACE,
@@ -31,6 +32,7 @@ class Faults:
     decode_stall: bool = False
     decode_stall_after: int | None = None  # stall after N requests; None = only via admin call
     drop_notifications: float = 0.0
+    corrupt_kv: float = 0.0  # decode flips one byte in one landed page of a room, probability P
 
     def names(self) -> list[str]:
         out = []
@@ -43,6 +45,8 @@ class Faults:
             out.append(FAULT_DECODE_STALL + suffix)
         if self.drop_notifications:
             out.append(f"{FAULT_DROP_NOTIFICATIONS}={self.drop_notifications:g}")
+        if self.corrupt_kv:
+            out.append(f"{FAULT_CORRUPT_KV}={self.corrupt_kv:g}")
         return out
 
 
@@ -63,7 +67,7 @@ def parse_faults(specs: Iterable[str]) -> Faults:
             if name not in FAULTS:
                 raise FaultSpecError(
                     f"unknown fault {name!r}; known faults: {', '.join(FAULTS)} "
-                    "(decode-stall[=N], drop-notifications=P)"
+                    "(decode-stall[=N], drop-notifications=P, corrupt-kv=P)"
                 )
             if name in (FAULT_LEGACY_STATUS_RACE, FAULT_NO_INFLIGHT_WATCHDOG):
                 if has_value:
@@ -87,8 +91,6 @@ def parse_faults(specs: Iterable[str]) -> Faults:
                 except ValueError:
                     prob = -1.0
                 if not has_value or not 0.0 <= prob <= 1.0:
-                    raise FaultSpecError(
-                        f"drop-notifications=P needs a probability 0 <= P <= 1 (got {item!r})"
-                    )
-                values["drop_notifications"] = prob
+                    raise FaultSpecError(f"{name}=P needs a probability 0 <= P <= 1 (got {item!r})")
+                values[name.replace("-", "_")] = prob
     return Faults(**values)  # type: ignore[arg-type]

@@ -17,7 +17,7 @@ from pdworker.config import ModelConfig
 from pdworker.pages import PagePool
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-__all__ = ["KVPool", "ModelConfig", "TinyModel", "kv_checksum", "pick_device"]
+__all__ = ["KVPool", "ModelConfig", "TinyModel", "kv_checksum", "page_runs", "pick_device"]
 
 
 def pick_device(requested: str = "auto") -> torch.device:
@@ -56,6 +56,23 @@ class TinyModel:
         return out, x[-1]
 
     @torch.inference_mode()
+    def prefill_into(self, pool: KVPool, pages: list[int], token_ids: list[int]) -> torch.Tensor:
+        """`prefill_chunk` writing each layer's K/V straight into the pool pages; returns the
+        last hidden state. Same operations, same bytes, but the KV is written to memory once
+        (no [layers, 2, n, ...] temporary and no second scatter pass): on CPU the forward pass
+        otherwise costs more memory traffic than the KV transfer it feeds."""
+        cfg = self.cfg
+        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device) % cfg.vocab
+        x = self.embed[ids]
+        n = len(token_ids)
+        for layer in range(cfg.layers):
+            k = (x @ self.wk[layer]).view(n, cfg.heads, cfg.head_dim)
+            v = (x @ self.wv[layer]).view(n, cfg.heads, cfg.head_dim)
+            pool.write_layer(pages, layer, k, v)
+            x = torch.tanh(x @ self.wo[layer])
+        return x[-1]
+
+    @torch.inference_mode()
     def first_token(self, last_hidden: torch.Tensor) -> int:
         return int(torch.argmax(self.embed @ last_hidden).item())
 
@@ -76,7 +93,7 @@ class TinyModel:
 
 
 def kv_checksum(kv: torch.Tensor) -> str:
-    """Exact checksum of KV bytes; prefill and decode compare it to prove the transfer."""
+    """Exact host checksum of KV bytes (tests); the worker uses integrity.fingerprint instead."""
     data = kv.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
@@ -120,26 +137,60 @@ class KVPool:
         return [(self.base_addr + i * size, size, self.device_id) for i in range(self.num_pages)]
 
     def write_tokens(self, pages: list[int], kv: torch.Tensor) -> None:
-        """Scatter KV [layers, 2, n, heads, head_dim] into `pages` (n <= len(pages)*page_size)."""
-        cfg = self.cfg
-        n = kv.shape[2]
-        padded = torch.zeros(
-            cfg.layers,
-            2,
-            len(pages) * cfg.page_size,
-            cfg.heads,
-            cfg.head_dim,
-            dtype=kv.dtype,
-            device=self.device,
-        )
-        padded[:, :, :n] = kv
-        view = padded.view(cfg.layers, 2, len(pages), cfg.page_size, cfg.heads, cfg.head_dim)
-        idx = torch.tensor(pages, dtype=torch.long, device=self.device)
-        self.tensor[idx] = view.permute(2, 0, 1, 3, 4, 5)
+        """Scatter KV [layers, 2, n, heads, head_dim] into `pages` (n <= len(pages)*page_size).
 
-    def read_tokens(self, pages: list[int], n_tokens: int) -> torch.Tensor:
+        Full pages are copied run by run (consecutive page indices are one strided copy, no
+        padded temporary); the unused tail of the last page is zeroed, so a page's bytes depend
+        only on its tokens (the integrity fingerprint covers whole pages). Asynchronous on CUDA:
+        order NIXL after it with `ordering.Ordering.fence()`.
+        """
+        size = self.cfg.page_size
+        n = int(kv.shape[2])
+        full = min(n // size, len(pages))
+        for pos, first, count in page_runs(pages[:full]):
+            src = kv[:, :, pos * size : (pos + count) * size].unflatten(2, (count, size))  # type: ignore[no-untyped-call]
+            self.tensor[first : first + count].copy_(src.permute(2, 0, 1, 3, 4, 5))
+        for pos in range(full, len(pages)):
+            page = self.tensor[pages[pos]]
+            used = max(0, min(size, n - pos * size))
+            if used:
+                page[:, :, :used].copy_(kv[:, :, pos * size : pos * size + used])
+            page[:, :, used:].zero_()
+
+    def write_layer(self, pages: list[int], layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """One layer's K and V [n, heads, head_dim] into `pages` (tails zeroed as write_tokens)."""
+        size = self.cfg.page_size
+        n = int(k.shape[0])
+        full = min(n // size, len(pages))
+        for kv_index, src in ((0, k), (1, v)):
+            for pos, first, count in page_runs(pages[:full]):
+                rows = src[pos * size : (pos + count) * size].unflatten(0, (count, size))  # type: ignore[no-untyped-call]
+                self.tensor[first : first + count, layer, kv_index].copy_(rows)
+            for pos in range(full, len(pages)):
+                page = self.tensor[pages[pos], layer, kv_index]
+                used = max(0, min(size, n - pos * size))
+                if used:
+                    page[:used].copy_(src[pos * size : pos * size + used])
+                page[used:].zero_()
+
+    def read_tokens(
+        self, pages: list[int], n_tokens: int, layers: slice | None = None
+    ) -> torch.Tensor:
+        """KV [layers, 2, n, heads, head_dim] of `pages` (a copy); `layers` picks some layers."""
         cfg = self.cfg
         idx = torch.tensor(pages, dtype=torch.long, device=self.device)
-        got = self.tensor[idx].permute(1, 2, 0, 3, 4, 5)
-        got = got.reshape(cfg.layers, 2, len(pages) * cfg.page_size, cfg.heads, cfg.head_dim)
+        src = self.tensor[idx] if layers is None else self.tensor[idx, layers]
+        got = src.permute(1, 2, 0, 3, 4, 5)
+        got = got.reshape(got.shape[0], 2, len(pages) * cfg.page_size, cfg.heads, cfg.head_dim)
         return got[:, :, :n_tokens]
+
+
+def page_runs(pages: list[int]) -> list[tuple[int, int, int]]:
+    """(position in `pages`, first page, count) for each run of consecutive page indices."""
+    runs: list[tuple[int, int, int]] = []
+    start = 0
+    for end in range(1, len(pages) + 1):
+        if end == len(pages) or pages[end] != pages[end - 1] + 1:
+            runs.append((start, pages[start], end - start))
+            start = end
+    return runs

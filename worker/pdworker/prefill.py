@@ -13,22 +13,26 @@ inflight deadline.
 from __future__ import annotations
 
 import asyncio
+import builtins
+import contextlib
 import logging
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from aiohttp import web
 
-from pdworker import limits
+from pdworker import integrity, limits
+from pdworker.compute import compute_executor
 from pdworker.config import WorkerConfig, parse_ids
 from pdworker.contract import KVChunk, KVFail, KVMeta, KVPoll, encode_notification
 from pdworker.handshake import PeerRegistration, Refused
 from pdworker.metrics import WorkerMetrics
-from pdworker.model import KVPool, TinyModel, kv_checksum
+from pdworker.model import KVPool, TinyModel
+from pdworker.ordering import Fence, Ordering
 from pdworker.rooms import Peer, RoomRejected, RoomTable
 from pdworker.server import (
     BadRequest,
@@ -69,7 +73,7 @@ class ChunkJob:
     total: int
     local_pages: list[int]
     remote_pages: list[int]
-    meta: bytes | None = None  # set on the last chunk: first token and KV checksum
+    fence: Fence  # passed once the kernels that wrote local_pages have finished
 
 
 @dataclass
@@ -84,6 +88,8 @@ class RoomWork:
     chunks_done: int = 0
     bytes: int = 0
     transfer_started: float | None = None
+    transfer_done: float | None = None
+    meta: builtins.bytes | None = None  # set with the last chunk: first token and KV checksum
     decode_aborted: bool = False
     result: dict[str, Any] = field(default_factory=dict)
 
@@ -123,6 +129,9 @@ class PrefillWorker:
         self.forward_slots = asyncio.Semaphore(cfg.max_running)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stopping = False
+        self.ordering = Ordering(pool.device)
+        self.compute: ThreadPoolExecutor = compute_executor(cfg.compute_threads, pool.device)
+        self.wake = asyncio.Event()  # a room may be ready to settle
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -148,6 +157,7 @@ class PrefillWorker:
             shard.put(None)
         for task in self.tasks:
             task.cancel()
+        self.compute.shutdown(wait=False, cancel_futures=True)
         self.transport.close()
 
     def ready(self) -> bool:
@@ -226,6 +236,8 @@ class PrefillWorker:
     async def _forward(self, room: int) -> None:
         cfg = self.cfg
         work = self.work[room]
+        loop = asyncio.get_running_loop()
+        computing: asyncio.Future[Any] | None = None
         try:
             async with self.forward_slots:
                 entry = self.table.get(room)
@@ -245,10 +257,10 @@ class PrefillWorker:
                 if binding is None:
                     return
                 remote = binding.pages
-                step = cfg.chunk_pages
+                step = cfg.pages_per_chunk
                 chunks = [local[i : i + step] for i in range(0, npages, step)]
                 span = step * cfg.model.page_size
-                parts = []
+                fences: list[Fence] = []
                 for index, pages in enumerate(chunks):
                     # The fixed worker stops an aborted forward; the legacy one runs on and its
                     # status writes resurrect the failed room (SGLang's race).
@@ -256,23 +268,33 @@ class PrefillWorker:
                         return
                     if cfg.prefill_chunk_ms:
                         await asyncio.sleep(cfg.prefill_chunk_ms / 1000)  # a real model's forward
-                    kv, last_hidden = self.model.prefill_chunk(
-                        work.ids[index * span : (index + 1) * span]
+                    last = index == len(chunks) - 1
+                    ids = work.ids[index * span : (index + 1) * span]
+                    # Forward, page scatter and the KV fingerprint run on a compute thread (a CUDA
+                    # stream of its own on GPU): the event loop keeps answering heartbeats.
+                    computing = loop.run_in_executor(
+                        self.compute,
+                        self._compute_chunk,
+                        pages,
+                        ids,
+                        (local, fences) if last else None,
                     )
-                    self.pool.write_tokens(pages, kv)
-                    parts.append(kv)
+                    # shield: a cancelled forward must not lose track of a running compute call
+                    fence, result = await asyncio.shield(computing)
+                    fences.append(fence)
                     job = ChunkJob(
                         room,
                         index,
                         len(chunks),
                         pages,
                         remote[index * step : index * step + len(pages)],
+                        fence,
                     )
-                    if index == len(chunks) - 1:
-                        first = self.model.first_token(last_hidden)
-                        checksum = kv_checksum(torch.cat(parts, dim=2))
-                        work.result = {"first_token": first, "kv_checksum": checksum}
-                        job.meta = encode_notification(KVMeta(room, len(chunks), first, checksum))
+                    if result is not None:
+                        work.result = result
+                        work.meta = encode_notification(
+                            KVMeta(room, len(chunks), result["first_token"], result["kv_checksum"])
+                        )
                         # The room enters the inflight queue now: the watchdog clock starts here.
                         self.table.set_phase(room, "inflight", mono())
                     self.table.update(room, KVPoll.Transferring, mono())
@@ -285,7 +307,35 @@ class PrefillWorker:
             log.exception("forward pass of room %d crashed", room)
             self.table.fail(room, "transfer_error", mono(), f"forward pass crashed: {exc!r}")
         finally:
-            work.forward_done = True
+            if computing is not None and not computing.done():
+                # Cancelled while a compute thread still writes our pages: the pages stay ours
+                # until it has finished.
+                computing.add_done_callback(lambda _: self._forward_finished(work))
+            else:
+                self._forward_finished(work)
+
+    def _forward_finished(self, work: RoomWork) -> None:
+        work.forward_done = True
+        self.wake.set()
+
+    def _compute_chunk(
+        self, pages: list[int], ids: list[int], room: tuple[list[int], list[Fence]] | None
+    ) -> tuple[Fence, dict[str, Any] | None]:
+        """(compute thread) KV of `ids` into `pages`; on the last chunk (`room` = all the room's
+        pages and the earlier chunks' fences) also the first token and the room's KV checksum.
+        Returns a fence after all of it (NIXL must wait for it)."""
+        last_hidden = self.model.prefill_into(self.pool, pages, ids)
+        result = None
+        if room is not None:
+            room_pages, earlier = room
+            for fence in earlier:  # earlier chunks ran on other threads' streams
+                fence.wait()
+            spec = integrity.plan(self.cfg.kv_verify, len(room_pages))
+            result = {
+                "first_token": self.model.first_token(last_hidden),
+                "kv_checksum": integrity.checksum(self.pool.tensor, room_pages, spec),
+            }
+        return self.ordering.fence(), result
 
     # -- transfer shards (threads) -------------------------------------------------------
     def _shard_main(self, shard: queue.Queue[ChunkJob | None]) -> None:
@@ -294,17 +344,19 @@ class PrefillWorker:
             if job is None:
                 return
             try:
-                self._run_job(job)
+                self._post_job(job)
             except Exception:
                 log.exception("transfer job for room %d crashed", job.room)
                 self.table.fail(job.room, "transfer_error", mono(), "transfer job crashed")
+                self._wake_settle()
             finally:
                 with self.lock:
                     work = self.work.get(job.room)
                     if work is not None:
                         work.pending -= 1
 
-    def _run_job(self, job: ChunkJob) -> None:
+    def _post_job(self, job: ChunkJob) -> None:
+        """Post one chunk's WRITE (after its pages are computed) and return without waiting."""
         room = job.room
         with self.lock:
             status = self.table.status(room)
@@ -326,36 +378,78 @@ class PrefillWorker:
                 self.table.fail(
                     room, reason, mono(), "transfer skipped: room has no live destination"
                 )
+                self._wake_settle()
             # legacy: SGLang's skip guard just `continue`s and leaves the room as it is.
             return
+        agent = binding.agent
         try:
-            notif = encode_notification(KVChunk(room, job.index))
-            self.transport.write(
-                binding.agent, job.local_pages, job.remote_pages, notif, self.cfg.transfer_timeout
+            job.fence.wait()  # NIXL reads the pages: the kernels that wrote them must be done
+        except Exception as exc:
+            self._chunk_done(job, work, agent, TransferError(f"device error: {exc!r}"))
+            return
+        notif = encode_notification(KVChunk(room, job.index))
+        reported: list[bool] = []
+
+        def done(err: TransferError | None) -> None:
+            reported.append(True)
+            self._chunk_done(job, work, agent, err)
+
+        try:
+            self.transport.submit(
+                agent,
+                job.local_pages,
+                job.remote_pages,
+                notif,
+                timeout=self.cfg.transfer_timeout,
+                done=done,
             )
+        except Exception as exc:  # the transport broke its promise: still end the chunk once
+            log.exception("posting a WRITE of room %d crashed", room)
+            if not reported:
+                self._chunk_done(job, work, agent, TransferError(f"posting failed: {exc!r}"))
+
+    def _chunk_done(
+        self, job: ChunkJob, work: RoomWork, agent: str, err: TransferError | None
+    ) -> None:
+        """(transport thread) one chunk's WRITE finished and its handle is released."""
+        room = job.room
+        try:
+            if err is not None:
+                reason = "peer_lost" if err.peer_lost else "transfer_error"
+                self.table.fail(room, reason, mono(), str(err))
+                if err.peer_lost and self.loop is not None:
+                    self.loop.call_soon_threadsafe(self._peer_lost, agent, str(err))
+                return
             moved = len(job.local_pages) * self.cfg.model.page_bytes
             self.metrics.kv_bytes.inc(moved)
             with self.lock:
                 work.bytes += moved
                 work.chunks_done += 1
-                complete = work.chunks_done == job.total
+                complete = work.chunks_done == job.total and work.meta is not None
+                meta = work.meta
             if self.legacy:
                 self.table.update(room, KVPoll.Transferring, mono())  # the late write
-            if job.meta is not None and complete and self.table.status(room) != KVPoll.Failed:
-                self.transport.notify(binding.agent, job.meta)
+            if complete and meta is not None and self.table.status(room) != KVPoll.Failed:
+                try:
+                    self.transport.notify(agent, meta)
+                except TransferError as exc:
+                    self.table.fail(room, "transfer_error", mono(), str(exc))
+                    return
+                work.transfer_done = mono()
                 self.table.update(room, KVPoll.Success, mono())
-        except TransferError as exc:
-            reason = "peer_lost" if exc.peer_lost else "transfer_error"
-            self.table.fail(room, reason, mono(), str(exc))
-            if exc.peer_lost and self.loop is not None:
-                self.loop.call_soon_threadsafe(self._peer_lost, binding.agent, str(exc))
         finally:
             with self.lock:
                 work.writing -= 1
+            self._wake_settle()
+
+    def _wake_settle(self) -> None:
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.wake.set)
 
     # -- settling rooms, deadlines, peers ------------------------------------------------
     async def _settle_loop(self) -> None:
         while True:
+            self.wake.clear()  # before the pass: a completion during it wakes the next one
             try:
                 now = mono()
                 self.table.expire(now)
@@ -364,7 +458,10 @@ class PrefillWorker:
             except Exception:
                 log.exception("settle loop")
             # Poll fast only while rooms are live: an idle worker must not burn a core's share.
-            await asyncio.sleep(self.cfg.poll_interval if len(self.table) else IDLE_POLL_S)
+            # Transfer completions wake this loop at once (self.wake).
+            pause = self.cfg.poll_interval if len(self.table) else IDLE_POLL_S
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), pause)
 
     def _settle(self, now: float) -> None:
         for entry in self.table.snapshot():
@@ -385,7 +482,8 @@ class PrefillWorker:
             if entry.status == KVPoll.Success and work is not None:
                 self.metrics.completed.labels(role="prefill").inc()
                 if work.transfer_started is not None:
-                    self.metrics.kv_seconds.observe(now - work.transfer_started)
+                    ended = work.transfer_done or now
+                    self.metrics.kv_seconds.observe(ended - work.transfer_started)
                 result = {"ok": True, "room": room, "kv_bytes": work.bytes, **work.result}
             else:
                 reason = entry.reason or "aborted"

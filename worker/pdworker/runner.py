@@ -39,13 +39,16 @@ async def run_worker(cfg: WorkerConfig, nixl_backend: str = "UCX") -> None:
         cfg.incarnation, pool.tensor, pool.page_descs(), pool.mem_type, backend=nixl_backend
     )
     log.info(
-        "%s %s on %s: %d pages of %d bytes (%s), faults %s",
+        "%s %s on %s: %d pages of %d bytes (%s, %s), %d pages per WRITE, kv-verify %s, faults %s",
         cfg.role,
         cfg.incarnation,
         device,
         cfg.kv_pages,
         cfg.model.page_bytes,
         pool.mem_type,
+        transport.nixl_module,
+        cfg.pages_per_chunk,
+        cfg.kv_verify,
         cfg.faults.names() or "none",
     )
     worker: Any

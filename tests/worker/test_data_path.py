@@ -1,0 +1,283 @@
+"""The KV data path in-process: ordering after compute, one WRITE per chunk, cheap exact integrity.
+
+No worker processes here (tests/worker/test_integrity.py has those): these tests drive
+PrefillWorker's compute/transfer path with an in-memory transport (memtransport.py) and a fake
+device event, so the order "kernels done -> WRITE posted" is observable on CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any
+
+import pytest
+import torch
+from memtransport import Hub, MemoryTransport
+
+from pdworker import integrity
+from pdworker.config import ModelConfig, WorkerConfig
+from pdworker.model import KVPool, TinyModel, pick_device
+from pdworker.nixl_loader import preferred_order
+from pdworker.ordering import PASSED, Ordering
+from pdworker.prefill import Binding, DecodePeer, PrefillWorker, RoomWork
+from pdworker.rooms import Peer
+
+CFG = ModelConfig(layers=2, heads=2, head_dim=8, page_size=4, vocab=64)
+
+
+class FakeEvent:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.done = False
+
+    def record(self) -> None:
+        self.log.append("record")
+
+    def synchronize(self) -> None:
+        self.log.append("wait")
+        self.done = True
+
+    def query(self) -> bool:
+        return self.done
+
+
+def test_ordering_is_a_no_op_on_cpu_and_records_then_waits_with_events() -> None:
+    assert Ordering(torch.device("cpu")).fence() is PASSED
+    log: list[str] = []
+    ordering = Ordering(torch.device("cpu"), event_factory=lambda: FakeEvent(log))
+    fence = ordering.fence()
+    assert log == ["record"] and not fence.passed()
+    fence.wait()
+    assert log == ["record", "wait"] and fence.passed()
+
+
+def test_nixl_build_order_follows_torch_cuda() -> None:
+    assert preferred_order("13.0") == ["nixl_cu13", "nixl_cu12"]
+    assert preferred_order("12.8") == ["nixl_cu12", "nixl_cu13"]
+    assert preferred_order(None) == ["nixl_cu13", "nixl_cu12"]
+    assert preferred_order("13.0", override="nixl_cu12") == ["nixl_cu12"]
+
+
+def _pool_with_kv(pages: int = 6) -> KVPool:
+    pool = KVPool(CFG, pages, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(3)
+    pool.tensor.copy_(torch.randn(pool.tensor.shape, generator=gen))
+    return pool
+
+
+def test_fingerprint_catches_every_single_flipped_bit_and_swapped_pages() -> None:
+    pool = _pool_with_kv()
+    pages = [4, 1, 2]
+    picks = [0, 1, 2]
+    base = integrity.fingerprint(pool.tensor, pages, picks)
+    raw = pool.tensor.view(pool.num_pages, -1).view(torch.uint8)
+    for page in pages:
+        for at in range(0, raw.shape[1], 7):  # every 7th byte of each page, every bit
+            for bit in range(8):
+                raw[page, at] ^= 1 << bit
+                assert integrity.fingerprint(pool.tensor, pages, picks) != base
+                raw[page, at] ^= 1 << bit
+    assert integrity.fingerprint(pool.tensor, pages, picks) == base
+    assert integrity.fingerprint(pool.tensor, [1, 4, 2], picks) != base  # pages in wrong places
+    # Runs and single pages give the same value as one gathered copy would.
+    copy = KVPool(CFG, 3, torch.device("cpu"))
+    copy.tensor.copy_(pool.tensor[torch.tensor(pages)])
+    assert integrity.fingerprint(copy.tensor, [0, 1, 2], picks) == base
+
+
+def test_sample_plan_covers_small_rooms_fully_and_is_shared_through_the_string() -> None:
+    assert integrity.plan("sample", 1).mode == "full"
+    spec = integrity.plan("sample", 100, random.Random(1))
+    assert spec.mode == "sample" and spec.count == 4
+    picks = integrity.positions(spec, 100)
+    assert len(picks) == 4 and picks[-1] == 99 and picks == integrity.positions(spec, 100)
+    pool = _pool_with_kv(8)
+    pages = [7, 0, 3, 5]
+    text = integrity.checksum(pool.tensor, pages, integrity.plan("full", 4))
+    assert text.startswith("full.4.0.") and ":" not in text
+    assert integrity.decode_spec(text) == integrity.Spec("full", 4, 0)
+    assert integrity.checksum(pool.tensor, pages, integrity.decode_spec(text)) == text
+    assert integrity.decode_spec("off") is None and integrity.decode_spec("x.1.2.zz") is None
+    with pytest.raises(ValueError, match="kv-verify"):
+        integrity.plan("most", 3)
+
+
+def _prefill(hub: Hub, log: list[str], chunk_pages: int) -> tuple[PrefillWorker, KVPool]:
+    cfg = WorkerConfig(role="prefill", model=CFG, device="cpu", kv_pages=64,
+                       chunk_pages=chunk_pages, kv_verify="full")  # fmt: skip
+    device = pick_device("cpu")
+    pool = KVPool(CFG, cfg.kv_pages, device)
+    transport = MemoryTransport(hub, "prefill", pool.tensor)
+    worker = PrefillWorker(cfg, TinyModel(CFG, device), pool, transport)
+
+    def event() -> FakeEvent:
+        ev = FakeEvent(log)
+        ev.record = lambda: log.append("record")  # type: ignore[method-assign]
+        return ev
+
+    worker.ordering = Ordering(device, event_factory=event)
+    real_submit = transport.submit
+
+    def submit(*args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        log.append("submit")
+        real_submit(*args, **kwargs)
+
+    transport.submit = submit  # type: ignore[method-assign]
+    return worker, pool
+
+
+def test_prefill_posts_each_chunk_once_after_its_fence_and_decode_gets_exact_kv() -> None:
+    hub, log = Hub(), []
+    worker, pool = _prefill(hub, log, chunk_pages=2)
+    decode_pool = KVPool(CFG, 64, torch.device("cpu"))
+    decode = MemoryTransport(hub, "decode", decode_pool.tensor)
+    ids = list(range(1, 31))  # 30 tokens: 8 pages, 4 chunks of 2 pages
+    room, dest = 77, [60, 61, 62, 10, 11, 12, 13, 40]
+
+    async def main() -> None:
+        await worker.start()
+        worker.transport.add_peer("decode", b"decode", [], "DRAM")
+        worker.peers["decode"] = DecodePeer("decode", Peer("d", "d:1", "d-1"), 64, time.monotonic())
+        worker.table.create(room, "bootstrap", time.monotonic())
+        worker.work[room] = RoomWork(ids=ids)
+        result = asyncio.get_running_loop().create_future()
+        worker.waiters[room] = result
+        assert worker._bind(room, Binding("decode", dest, time.monotonic())) is None
+        answer = await asyncio.wait_for(result, 30)
+        assert answer["ok"] and answer["kv_bytes"] == 8 * CFG.page_bytes, answer
+        await worker.stop()
+
+    asyncio.run(main())
+    # Every WRITE came right after a fence was waited on; one WRITE per chunk.
+    assert log.count("submit") == 4
+    for i, entry in enumerate(log):
+        if entry == "submit":
+            assert log[i - 1] == "wait", log
+    # The bytes decode holds are prefill's, and the meta carries a checksum decode can recompute.
+    local = [p for p in range(64) if (pool.tensor[p] != 0).any()]
+    assert len(local) == 8
+    notes = decode.poll_notifs()["prefill"]
+    assert sorted(n.decode() for n in notes if n.startswith(b"kv:")) == [
+        f"kv:{room}:{i}" for i in range(4)
+    ]
+    meta = [n.decode() for n in notes if n.startswith(b"meta:")]
+    assert len(meta) == 1 and notes[-1].startswith(b"meta:")  # meta after every chunk landed
+    checksum = meta[0].split(":")[4]
+    spec = integrity.decode_spec(checksum)
+    assert spec is not None and spec.mode == "full"
+    assert integrity.checksum(decode_pool.tensor, dest, spec) == checksum
+    reference = KVPool(CFG, 8, torch.device("cpu"))
+    model = TinyModel(CFG, torch.device("cpu"))
+    for c in range(4):
+        kv, _ = model.prefill_chunk(ids[c * 8 : (c + 1) * 8])
+        reference.write_tokens(list(range(c * 2, c * 2 + 2)), kv)
+    assert torch.equal(decode_pool.tensor[torch.tensor(dest)], reference.tensor)
+
+
+class _Disconnected(Exception):
+    pass
+
+
+class FakeAgent:
+    """NIXL's agent API as NixlTransport uses it; WRITE states are scripted per notification."""
+
+    def __init__(self) -> None:
+        self.states: dict[bytes, list[str]] = {}
+        self.refuse_release = 0
+        self.released: list[bytes] = []
+        self.posted: list[tuple[list[int], list[int]]] = []
+
+    def make_prepped_xfer(self, *args):  # type: ignore[no-untyped-def]
+        _op, _local, lidx, _remote, ridx, notif = args
+        self.posted.append((list(lidx), list(ridx)))
+        return notif
+
+    def transfer(self, handle: bytes) -> str:
+        return self.states[handle].pop(0)
+
+    def check_xfer_state(self, handle: bytes) -> str:
+        script = self.states[handle]
+        return script.pop(0) if len(script) > 1 else script[0]
+
+    def release_xfer_handle(self, handle: bytes) -> None:
+        if self.refuse_release:
+            self.refuse_release -= 1
+            raise RuntimeError("cannot cancel")
+        self.released.append(handle)
+
+
+def _fake_transport() -> tuple[Any, FakeAgent]:
+    from types import SimpleNamespace
+
+    from pdworker.transfer import NixlTransport
+
+    transport = NixlTransport.__new__(NixlTransport)
+    transport._bindings = SimpleNamespace(nixlRemoteDisconnectError=_Disconnected)
+    transport.name = "fake"
+    agent = FakeAgent()
+    transport._start(agent, "local")
+    transport._remote["peer"] = "remote"
+    return transport, agent
+
+
+def test_every_handle_is_released_once_with_its_outcome_and_deadline() -> None:
+    import threading
+
+    from pdworker.transfer import TransferError
+
+    transport, agent = _fake_transport()
+    outcomes: dict[bytes, TransferError | None] = {}
+    finished = threading.Event()
+
+    def done_for(notif: bytes):  # type: ignore[no-untyped-def]
+        def done(err: TransferError | None) -> None:
+            assert notif not in outcomes, "done called twice"
+            outcomes[notif] = err
+            if len(outcomes) == 4:
+                finished.set()
+
+        return done
+
+    agent.states = {
+        b"now": ["DONE"],  # done inside transfer()
+        b"later": ["PROC", "PROC", "PROC", "DONE"],  # completed by the progress thread
+        b"stuck": ["PROC", "PROC"],  # never completes: the deadline cancels it
+        b"err": ["PROC", "ERR"],
+    }
+    agent.refuse_release = 1  # the first release attempt fails: retried, done waits for it
+    try:
+        for notif, timeout in ((b"now", 5.0), (b"later", 5.0), (b"stuck", 0.2), (b"err", 5.0)):
+            transport.submit("peer", [1, 2, 3], [7, 8, 9], notif, timeout=timeout,
+                             done=done_for(notif))  # fmt: skip
+        assert finished.wait(10), outcomes
+        assert outcomes[b"now"] is None and outcomes[b"later"] is None
+        assert isinstance(outcomes[b"stuck"], TransferError)
+        assert "stalled" in str(outcomes[b"stuck"])
+        assert isinstance(outcomes[b"err"], TransferError)
+        assert sorted(agent.released) == [b"err", b"later", b"now", b"stuck"]
+        assert agent.posted == [([1, 2, 3], [7, 8, 9])] * 4  # one WRITE per chunk, all pages
+        assert transport.live_count() == 0 and not transport.peer_busy("peer")
+        # An unknown peer fails at once, as peer_lost, without a handle.
+        lost: list[TransferError | None] = []
+        transport.submit("gone", [1], [1], b"x", timeout=1.0, done=lost.append)
+        assert lost and lost[0] is not None and lost[0].peer_lost
+    finally:
+        with transport._lock:
+            transport._closed = True
+            transport._wake.notify_all()
+
+
+def test_prefill_into_the_pool_writes_the_same_bytes_as_compute_then_scatter() -> None:
+    model = TinyModel(CFG, torch.device("cpu"))
+    a, b = KVPool(CFG, 32, torch.device("cpu")), KVPool(CFG, 32, torch.device("cpu"))
+    a.tensor.fill_(3.0)
+    b.tensor.fill_(-1.0)  # stale bytes in the pages: tails must be zeroed either way
+    ids = [(i * 7) % CFG.vocab for i in range(5 * CFG.page_size - 3)]
+    pages = [9, 10, 11, 2, 30]
+    kv, last = model.prefill_chunk(ids)
+    a.write_tokens(pages, kv)
+    assert torch.equal(model.prefill_into(b, pages, ids), last)
+    idx = torch.tensor(pages)
+    assert torch.equal(a.tensor[idx], b.tensor[idx])
