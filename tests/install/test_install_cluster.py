@@ -187,6 +187,8 @@ ALLOWED = [
     ("create", "roles.rbac.authorization.k8s.io"),
     ("patch", "rolebindings.rbac.authorization.k8s.io"),
     ("create", "poddisruptionbudgets.policy"),
+    ("create", "networkpolicies.networking.k8s.io"),
+    ("patch", "networkpolicies.networking.k8s.io"),
     ("create", "secrets"),
     ("list", "pods"),
     ("watch", "pods"),
