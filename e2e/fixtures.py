@@ -28,6 +28,8 @@ from e2e.cluster.controlplane import (
 )
 
 EXTERNAL_ENV = "PDWARDEN_E2E_KUBECONFIG"
+# One sample per finished remediation cycle of one PDDeployment (operator/pdwarden/metrics.py).
+CYCLES_METRIC = "pdwarden_scrape_cycle_seconds_count"
 T = TypeVar("T")
 
 
@@ -185,6 +187,29 @@ class OperatorProcess:
             if line.startswith(name) and not line.startswith("#"):
                 total += float(line.rsplit(" ", 1)[1])
         return total
+
+    def wait_cycles(self, cycles: int, metric: str = CYCLES_METRIC, timeout: float = 120) -> float:
+        """Wait until this operator has begun and finished `cycles` more cycles after this call
+        (one more than asked: the cycle running now may have started before the call).
+
+        "Nothing happened" is asserted after this, never after a sleep: a cycle that would have
+        acted has then provably run. Default: remediation cycles, counted by the histogram
+        `pdwarden_scrape_cycle_seconds` (one observation per cycle of one PDDeployment; each
+        test's operator watches only its own namespace). Pass "pdwarden_reconciles_total" for
+        reconcile passes."""
+        start = self.metric(metric)
+        want = start + cycles + 1
+        deadline = time.monotonic() + timeout
+        while (now := self.metric(metric)) < want:
+            if self.proc is None or self.proc.poll() is not None:
+                raise AssertionError(f"the operator exited while waiting for {metric}")
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"the operator ran {now - start:.0f} of {cycles + 1} cycles ({metric}) "
+                    f"in {timeout}s; log: {self.log_path}"
+                )
+            time.sleep(0.2)
+        return now
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -168,9 +167,14 @@ def test_two_operators_only_one_acts_and_the_standby_takes_over(
         apply(cluster, ns, cpu_example())
         wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"})
         standby.start()
-        # A replica that starts while a higher-priority one lives starts paused (kopf peering).
+        # A replica that starts while a higher-priority one lives starts paused (kopf peering):
+        # it has read the peering object and said so before anything is asserted about it.
         cluster.wait_until("the standby's metrics endpoint", lambda: _answers(standby), 60)
-        time.sleep(3)  # let it read the peering object and the PDDeployment
+        cluster.wait_until(
+            "the standby to pause in favour of the active replica",
+            lambda: "Pausing operations in favour of" in standby.log(),
+            60,
+        )
         baseline = standby.metric("pdwarden_reconciles_total")
         before = active.metric("pdwarden_reconciles_total")
         env = {"spec": {"decode": {"env": [{"name": "HA_PROBE", "value": "1"}]}}}
@@ -178,6 +182,9 @@ def test_two_operators_only_one_acts_and_the_standby_takes_over(
         wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"}, timeout=120)
         assert status(cluster, ns)["observedGeneration"] == 2
         assert active.metric("pdwarden_reconciles_total") > before
+        # Two more passes of the active replica with the change in place; the standby, alive
+        # (it answers) and paused, made none.
+        active.wait_cycles(2, "pdwarden_reconciles_total")
         assert standby.metric("pdwarden_reconciles_total") == baseline
 
         active.kill(9)
