@@ -30,6 +30,8 @@ from e2e.cluster.controlplane import (
 EXTERNAL_ENV = "PDWARDEN_E2E_KUBECONFIG"
 # One sample per finished remediation cycle of one PDDeployment (operator/pdwarden/metrics.py).
 CYCLES_METRIC = "pdwarden_scrape_cycle_seconds_count"
+# Longest a test waits for earlier tests' pods to finish terminating before it starts.
+QUIET_TIMEOUT = 120.0
 T = TypeVar("T")
 
 
@@ -102,9 +104,44 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         local.stop(quiet=True)
 
 
+def pods_terminating(cluster: Cluster) -> list[str]:
+    """Pods anywhere in the cluster that are being torn down (a deletionTimestamp is set)."""
+    out = cluster.kubectl(
+        "get", "pods", "--all-namespaces", "-o",
+        "jsonpath={range .items[?(@.metadata.deletionTimestamp)]}"
+        "{.metadata.namespace}/{.metadata.name}{'\\n'}{end}",
+        check=False,
+    )  # fmt: skip
+    return out.stdout.split()
+
+
+def wait_quiet(cluster: Cluster, timeout: float = QUIET_TIMEOUT) -> None:
+    """Wait until no pod of an earlier test is still being torn down, so a test's clock does not
+    start while the local kubelet stops other tests' workers on the same cores. Bounded: after
+    `timeout` the test starts anyway (and says which pods were still going)."""
+    deadline = time.monotonic() + timeout
+    while (left := pods_terminating(cluster)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if left:
+        print(f"[fixtures] cluster not quiet after {timeout:.0f}s: {left[:5]}", file=sys.stderr)
+
+
+def release_pddeployments(cluster: Cluster, namespace: str) -> None:
+    """Drop the operator's finalizer from PDDeployments left in a namespace being deleted once
+    no operator runs for them: otherwise the namespace stays Terminating for the rest of the
+    session and the controller-manager keeps retrying it."""
+    out = cluster.kubectl("get", "pdd", "-n", namespace, "-o", "name", check=False)
+    for name in out.stdout.split() if out.returncode == 0 else []:
+        cluster.kubectl(
+            "patch", name, "-n", namespace, "--type=merge",
+            "-p", '{"metadata":{"finalizers":null}}', check=False,
+        )  # fmt: skip
+
+
 @pytest.fixture
 def namespace(cluster: Cluster) -> Iterator[str]:
-    """A fresh namespace per test, deleted (without waiting) afterwards."""
+    """A fresh namespace per test (created once the cluster is quiet), deleted afterwards."""
+    wait_quiet(cluster)
     name = f"t-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
     cluster.wait_until(
@@ -113,6 +150,7 @@ def namespace(cluster: Cluster) -> Iterator[str]:
     )
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    release_pddeployments(cluster, name)
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
