@@ -270,7 +270,7 @@ def rendered(kind: str, namespace: str) -> dict[str, Any]:
     from pdwarden.render import Owner, render_deployment
 
     doc = yaml.safe_load((ROOT / "manifests" / "examples" / "minimal-cpu.yaml").read_text())
-    owner = Owner("pd", namespace, "6f1b7c2e-8a4d-4c1e-9b1a-000000000001")
+    owner = Owner("adm", namespace, "6f1b7c2e-8a4d-4c1e-9b1a-000000000001")
     objs = render_deployment(owner, parse_spec(doc["spec"]))
     return next(o for o in objs if o["kind"] == kind)
 
