@@ -244,6 +244,7 @@ class Workers:
         pod = name or f"{role}-{port}"
         argv = [role, "--host", LOOPBACK, "--port", str(port), "--pod-name", pod, *flags]
         argv += ["--admin-token-file", str(self.token_file)]
+        argv += ["--bootstrap-token-file", str(self.token_file)]  # one local key serves both
         bootstrap = None
         if role == "prefill":
             bootstrap = bootstrap_port or free_port()

@@ -18,7 +18,12 @@ decode pods may lose one) and "aggressive" ones (scrape 1 s, wedge 3 s, restart 
   to the stalled decode's rooms failed and queues drained (its old incarnation's rooms gone on
   prefill) and to the decode pool whole again (restarted decode ready).
 * long_prefill (aggressive only): one 6 s prefill (longer than wedgeAfterSeconds), no other
-  traffic: findings and actions must be 0.
+  traffic: findings and actions must be 0. Run for both engines: on pdworker processes, and on
+  stock SGLang's series played by `bench._metrics_sim.SglangPlayer` (the engine is simulated,
+  the exposition format is SGLang 0.5.23's): a prefill computing for three windows while its
+  decode waits with a transfer queue and zero throughput, then a decode streaming one answer
+  for three windows while SGLang's finish-only counters stay flat. A control phase afterwards
+  wedges two rooms in the prefill inflight queue and must be found (else 0 would prove nothing).
 
 Without pdwarden (computed from configured timeouts, not waited for): SGLang has no inflight
 timeout, so abort-race rooms never leave the queue; a stalled decode is never restarted (health
@@ -41,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
+from bench._metrics_sim import SglangPlayer
 from pdwarden.api import LedgerEntry, RemediationSpec
 from pdwarden.detection import PodView, detect
 from pdwarden.remediation import DecodePod, plan
@@ -76,8 +82,16 @@ LEGACY = {
 
 
 @dataclass
+class SimProc:
+    """A simulated pod's address (SglangPlayer): what OperatorLoop needs of a process."""
+
+    name: str
+    port: int
+
+
+@dataclass
 class Pod:
-    proc: common.Proc
+    proc: common.Proc | SimProc
     role: str
     generation: int = 0
     cordoned_since: datetime | None = None
@@ -91,14 +105,22 @@ class Pod:
 class OperatorLoop:
     """The operator's scrape -> detect -> plan -> act cycle over local worker processes."""
 
-    def __init__(self, workers: common.Workers, pods: list[Pod], spec: RemediationSpec) -> None:
+    def __init__(
+        self,
+        workers: common.Workers | None,
+        pods: list[Pod],
+        spec: RemediationSpec,
+        engine: str = "pdworker",
+    ) -> None:
         self.w = workers
+        self.engine = engine
         self.pods = pods
         self.spec = spec
         self.client = WorkerClient()
         self.ledger: list[LedgerEntry] = []
         self.events: list[dict[str, Any]] = []
         self.findings = 0
+        self.finding_log: list[dict[str, Any]] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
         self.t0 = time.monotonic()
@@ -126,7 +148,8 @@ class OperatorLoop:
         spec = self.spec
         targets = {
             p.uid: Target(pod=p.proc.name, uid=p.uid, role=p.role, ip=common.LOOPBACK,
-                          port=p.proc.port, rooms=p.role == "prefill")
+                          port=p.proc.port, engine=self.engine,
+                          rooms=p.role == "prefill" and self.engine == "pdworker")
             for p in self.pods
         }  # fmt: skip
         results = {
@@ -149,6 +172,11 @@ class OperatorLoop:
                                          cordoned_since=p.cordoned_since, stale=stale))  # fmt: skip
         detection = detect(views, spec.wedge_after_seconds)
         self.findings += len(detection.findings)
+        self.finding_log += [
+            {"t": round(time.monotonic() - self.t0, 3), "pod": f.pod, "reason": f.reason,
+             "evidence": f.evidence[:200]}
+            for f in detection.findings
+        ][: max(0, 50 - len(self.finding_log))]  # fmt: skip
         now = datetime.now(UTC)
         n_decodes = sum(p.role == "decode" for p in self.pods)
         decision = plan(spec, detection, decodes, self.ledger, now, decode_replicas=n_decodes)
@@ -163,7 +191,8 @@ class OperatorLoop:
                 pod.cordoned_since = now
             elif action.kind == "UncordonDecode":
                 pod.cordoned_since = None
-            elif action.kind == "RestartDecode":
+            elif action.kind == "RestartDecode" and self.w is not None:
+                assert isinstance(pod.proc, common.Proc)
                 pod.proc = await asyncio.to_thread(self.w.restart, pod.proc)
                 pod.generation += 1
                 pod.cordoned_since = None  # a new pod starts without the cordon condition
@@ -331,6 +360,60 @@ def long_prefill(settings: dict[str, Any]) -> dict[str, Any]:
         "findings": loop.findings,
         "actions": len(loop.events),
         "false_positives": loop.findings + len(loop.events),
+        "finding_log": loop.finding_log[:10],
+        "action_log": loop.events[:10],
+    }
+
+
+def long_prefill_sglang(settings: dict[str, Any]) -> dict[str, Any]:
+    """long_prefill on stock SGLang's series (simulated engine, SGLang 0.5.23's format)."""
+    spec = _spec(settings)
+    window = spec.wedge_after_seconds
+    prefill_s = decode_s = 3.0 * window  # each three detection windows long
+    t_sent = prefill_s + 1.0
+    t_done = t_sent + decode_s
+    control_s = window + 4.0 * spec.scrape_interval_seconds
+
+    def timeline(pod: str, t: float) -> dict[str, float]:
+        computed = 8192.0 * min(t, prefill_s)  # prompt tokens, per prefill step
+        decoded = 5000.0 + 50.0 * max(0.0, min(t, t_done) - t_sent)  # per decode step
+        if pod == "prefill-0":
+            done = {"prefill_tokens": computed, "sent": 40 + (t >= t_sent), "finished": 40}
+            if t < prefill_s:
+                return {**done, "running": 1}
+            if t < t_sent:
+                return {**done, "inflight": 1}  # the KV transfer of the long prompt
+            if t < t_done + 1.0:
+                return {**done, "finished": 41}
+            return {**done, "finished": 41, "inflight": 2}  # control: two rooms wedge
+        if pod == "decode-0":
+            common_ = {"decode_tokens": decoded, "generation_tokens_total": 8080, "finished": 120}
+            if t < t_sent:  # waiting for the long prefill's KV
+                return {**common_, "transfer": 1, "throughput": 0.0, "arrived": 150}
+            if t < t_done:  # one long answer: finish-only counters flat
+                return {**common_, "running": 1, "throughput": 50.0, "arrived": 151}
+            return {"decode_tokens": decoded, "generation_tokens_total": 8080 + 50 * decode_s,
+                    "finished": 121, "arrived": 151, "throughput": 0.0}  # fmt: skip
+        return {"decode_tokens": 7000, "finished": 99, "arrived": 99, "throughput": 0.0}
+
+    roles = {"prefill-0": "prefill", "decode-0": "decode", "decode-1": "decode"}
+    with SglangPlayer(roles, timeline) as player:
+        pods = [Pod(SimProc(name, player.ports[name]), role) for name, role in roles.items()]
+        loop = OperatorLoop(None, pods, spec, engine="sglang").start()
+        try:
+            time.sleep(max(0.0, t_done + 1.0 - (time.monotonic() - player.t0)))
+            findings, actions = loop.findings, len(loop.events)
+            time.sleep(control_s)
+        finally:
+            loop.close()
+    return {
+        "engine": "sglang (simulated: SGLang 0.5.23 exposition format, bench._metrics_sim)",
+        "prefill_seconds": prefill_s,
+        "decode_seconds": decode_s,
+        "findings": findings,
+        "actions": actions,
+        "false_positives": findings + actions,
+        "control_wedge_findings": loop.findings - findings,
     }
 
 
@@ -345,11 +428,10 @@ def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
             "stalled_decode": stalled_decode(s, quick),
         }
     lp_label = "aggressive"
-    long = (
-        long_prefill(settings[lp_label])
-        if not quick
-        else {"skipped": "quick mode", "false_positives": 0}
-    )
+    long = {
+        "pdworker": long_prefill(settings[lp_label]),
+        "sglang": long_prefill_sglang(settings[lp_label]),
+    }
     data = {
         "method": "real pdworker processes + the operator's scrape/detect/plan in-process "
         "(no Kubernetes; cordon recorded, restart = kill and start the process)",
@@ -381,8 +463,11 @@ def summarize(data: dict[str, Any]) -> str:
     parts.append(
         "without pdwarden: abort-race never, stalled decode >= 300 s (computed), pool never whole"
     )
+    lp = data["long_prefill_false_positives"]
     parts.append(
-        f"long-prefill false positives {data['long_prefill_false_positives']['false_positives']}"
+        f"long-prefill false positives: pdworker {lp['pdworker']['false_positives']}, "
+        f"sglang {lp['sglang']['false_positives']} (control wedge found "
+        f"{lp['sglang']['control_wedge_findings']} times)"
     )
     return "; ".join(parts)
 

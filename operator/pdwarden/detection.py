@@ -8,11 +8,20 @@ functions over recorded data, unit-tested on sample series. The rules:
   a long prefill is legal. Rooms are attributed to the decode pod they wait on.
 * PeerIncarnationGone: a prefill room waits on a decode incarnation that no longer exists (the
   pod restarted or vanished). Flagged at once: that peer will never answer.
-* InflightGaugeStuck: for engines without a rooms API (stock SGLang), the inflight gauge stayed
-  above zero for the whole window.
-* DecodeStalled: a decode pod held requests for the whole window while its generated-token
-  counter did not move (or its throughput stayed 0). Requests merely queued (prealloc, transfer)
-  count only when no prefill is still computing a room for that pod; requests *running* always do.
+* InflightGaugeStuck: for engines without a rooms API (stock SGLang), the inflight queue did not
+  drain for the whole window: it held rooms in every sample, not one room left it (no KV
+  transfer finished, none failed, no request finished), and no decode pod is busy with a
+  backlog of requests waiting for KV slots (the one legal reason for rooms to wait there). A
+  queue that is never empty under load is steady state, not a wedge: what matters is that it
+  stopped moving. Wedged rooms hidden among healthy traffic that keeps draining the queue
+  cannot be seen this way (no per-room ages); the rooms API rule above sees them.
+* DecodeStalled: a decode pod held requests for the whole window while nothing showed progress:
+  its per-step token counter flat (for engines without one, its throughput 0: with one, a
+  throughput gauge is no evidence, since a hung scheduler freezes its gauges), no request
+  finished (and, for requests only queued, no KV arrived). Only signals that move while
+  requests run can prove a stall (`engine_metrics`: never a counter that moves only when a
+  request ends). Requests merely queued (prealloc, transfer) count only when no prefill may
+  still be computing a room for that pod or sending its KV; requests *running* always do.
 
 A pod whose metrics are stale or missing is *unknown*: never healthy, never wedged.
 """
@@ -88,6 +97,23 @@ def _window(history: Sequence[Sample], seconds: float) -> Sequence[Sample] | Non
     return history[first:]
 
 
+def _moved(window: Sequence[Sample], name: str) -> bool:
+    """A counter changed inside the window (appeared, rose, or dropped: a reset by a new
+    process). Any movement is progress; a counter that was never reported did not move."""
+    return len({getattr(s, name) for s in window}) > 1
+
+
+def _progressed(window: Sequence[Sample], *counters: str) -> bool:
+    """Tokens generated, or one of `counters` moved. A per-step token counter, when reported,
+    is the authority: a scheduler that hangs freezes every gauge, so a throughput gauge stuck
+    at its last value proves nothing against a flat counter. Without one, throughput > 0."""
+    if any(_moved(window, c) for c in ("generated_tokens", *counters)):
+        return True
+    if all(s.generated_tokens is not None for s in window):
+        return False
+    return any((s.throughput or 0) > 0 for s in window)
+
+
 def decode_stalled(
     history: Sequence[Sample], window_seconds: float, waiting_on_prefill: bool = False
 ) -> str | None:
@@ -103,15 +129,17 @@ def decode_stalled(
     running = all(s.queue("running") > 0 for s in window)
     if not (running or (queued and not waiting_on_prefill)):
         return None
+    # Progress: tokens generated, throughput, requests finished; for requests only queued, KV
+    # arriving too (a stalled pdworker decode still lands KV for requests it never runs).
+    if _progressed(window, "completed"):
+        return None
+    if not running and _moved(window, "kv_transfers"):
+        return None
     first, last = window[0], window[-1]
-    if first.generated_tokens is not None and last.generated_tokens is not None:
-        # Any movement is progress: a counter that dropped was reset by a new process.
-        if len({s.generated_tokens for s in window if s.generated_tokens is not None}) > 1:
-            return None
+    # Only a signal that moves while requests run can prove that nothing moved.
+    if all(s.generated_tokens is not None for s in window):
         progress = f"generated tokens flat at {last.generated_tokens:g}"
     elif all(s.throughput is not None for s in window):
-        if any((s.throughput or 0) > 0 for s in window):
-            return None
         progress = "generation throughput 0"
     else:
         return None
@@ -128,21 +156,56 @@ def _decode_work(s: Sample) -> float:
     return s.queue("prealloc_queue") + s.queue("transfer_queue") + s.queue("running")
 
 
+# Counters that move when a room leaves a prefill's inflight queue, by success or failure.
+DRAIN_COUNTERS = ("kv_transfers", "failed", "completed")
+
+
+def inflight_not_draining(
+    history: Sequence[Sample], window_seconds: float, decodes: Sequence[PodView]
+) -> str | None:
+    """Evidence text if a prefill's inflight queue held rooms and none left it, for the window,
+    while no decode pod is busy with a backlog that those rooms could be waiting for."""
+    window = _window(history, window_seconds)
+    if window is None or not all(s.queue("inflight_queue") > 0 for s in window):
+        return None
+    if all(getattr(window[-1], c) is None for c in DRAIN_COUNTERS):
+        return None  # the engine reports no drain at all: we cannot tell
+    if any(_moved(window, c) for c in DRAIN_COUNTERS):
+        return None  # rooms left the queue: busy, not wedged, however full it is
+    start, end = window[0].at, window[-1].at
+    for d in decodes:
+        if d.stale or not d.history or d.history[0].at > start:
+            return None  # a decode we cannot see over the window may be the one they wait on
+        seen = [s for s in d.history if start <= s.at <= end] or [d.history[-1]]
+        if all(s.queue("prealloc_queue") > 0 for s in seen) and _progressed(
+            seen, "completed", "kv_transfers"
+        ):
+            return None  # a busy decode is short of KV slots: rooms wait for it legally
+    stuck = min(s.queue("inflight_queue") for s in window)
+    return (
+        f"inflight queue held >= {stuck:g} rooms for {end - start:.0f}s and none left it "
+        f"(no KV transfer finished or failed); no decode pod is busy with a backlog"
+    )
+
+
 def _prefill_findings(
-    pod: PodView, wedge_after: float, decode_incarnations: dict[str, str | None]
+    pod: PodView,
+    wedge_after: float,
+    decode_incarnations: dict[str, str | None],
+    decodes: Sequence[PodView],
 ) -> list[Finding]:
     latest = pod.latest
     assert latest is not None
     if pod.rooms is None:
-        window = _window(pod.history, wedge_after)
-        if window is None or not all(s.queue("inflight_queue") > 0 for s in window):
+        evidence = inflight_not_draining(pod.history, wedge_after, decodes)
+        if evidence is None:
             return []
-        stuck = min(s.queue("inflight_queue") for s in window)
+        window = _window(pod.history, wedge_after) or pod.history
         return [
             Finding(
                 pod=pod.name, role=ROLE_PREFILL, reason="InflightGaugeStuck",
-                room_count=int(stuck), oldest_seconds=window[-1].at - window[0].at,
-                evidence=f"inflight queue >= {stuck:g} for {window[-1].at - window[0].at:.0f}s",
+                room_count=int(min(s.queue("inflight_queue") for s in window)),
+                oldest_seconds=window[-1].at - window[0].at, evidence=evidence,
             )
         ]  # fmt: skip
     gone: dict[str | None, list[RoomView]] = {}
@@ -180,19 +243,49 @@ def _prefill_findings(
     return findings
 
 
-def _decodes_waiting_on_prefill(pods: Sequence[PodView]) -> frozenset[str] | _Everyone:
-    """Decode pods that some prefill is still computing a room for (phase `forward`).
+def _decodes_waiting_on_prefill(
+    pods: Sequence[PodView], window_seconds: float
+) -> frozenset[str] | _Everyone:
+    """Decode pods that some prefill is still computing a room for (phase `forward`), or is
+    sending one's KV to (phase `inflight`, younger than the window).
 
-    If a prefill pod cannot tell (stale, or an engine without a rooms API), every decode pod
-    may be waiting on it, so queued-but-idle decode pods are not judged stalled.
+    A prefill without a rooms API (SGLang) may be computing for anyone unless its metrics show
+    it idle over the window: its prompt-token counter flat and nothing running, waiting or
+    inflight (a wedged inflight queue is that prefill's finding, not the decode's). If
+    a prefill pod cannot tell (stale, or no such counter), every decode pod may be waiting on
+    it, so queued-but-idle decode pods are not judged stalled.
     """
     names: set[str] = set()
     for pod in pods:
         if pod.role != ROLE_PREFILL:
             continue
-        if pod.stale or pod.latest is None or pod.rooms is None:
+        if pod.stale or pod.latest is None:
             return EVERYONE
-        names |= {r.peer_pod for r in pod.rooms if r.phase == FORWARD_PHASE and r.peer_pod}
+        if pod.rooms is None:
+            recent = [s for s in pod.history if s.at >= pod.history[-1].at - window_seconds]
+            idle = (
+                len(recent) >= 2
+                and all(s.prefill_tokens is not None for s in recent)
+                and not _moved(recent, "prefill_tokens")
+                and all(
+                    s.queue("running") + s.queue("waiting_queue") + s.queue("inflight_queue") == 0
+                    for s in recent
+                )
+            )
+            if not idle:
+                return EVERYONE
+            continue
+        names |= {
+            r.peer_pod
+            for r in pod.rooms
+            if r.peer_pod
+            and (
+                r.phase == FORWARD_PHASE
+                # Its KV is on the way: the decode waits legitimately until the room is old
+                # enough to be InflightStuck on the prefill side.
+                or (r.phase == INFLIGHT_PHASE and r.phase_seconds <= window_seconds)
+            )
+        }
     return frozenset(names)
 
 
@@ -220,10 +313,10 @@ def detect(pods: Sequence[PodView], wedge_after: float) -> Detection:
     findings: list[Finding] = []
     stalled: set[str] = set()
     healthy: set[str] = set()
-    waiting = _decodes_waiting_on_prefill(pods)
+    waiting = _decodes_waiting_on_prefill(pods, wedge_after)
     for pod in fresh:
         if pod.role == ROLE_PREFILL:
-            findings += _prefill_findings(pod, wedge_after, incarnations)
+            findings += _prefill_findings(pod, wedge_after, incarnations, decodes)
         elif pod.role == ROLE_DECODE:
             evidence = decode_stalled(pod.history, wedge_after, pod.name in waiting)
             if not evidence and _window(pod.history, wedge_after) is not None:

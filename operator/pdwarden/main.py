@@ -16,6 +16,7 @@ import kopf
 from pdwarden import handlers
 from pdwarden.constants import ANNOTATION_PREFIX, GROUP, PLURAL, VERSION
 from pdwarden.k8s import KubeClient
+from pdwarden.scraping import DEFAULT_MAX_BODY, WorkerClient
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class RunConfig:
     token_key: bytes | None = None
     global_dry_run: bool = False
     peering_lifetime: int = 60
+    max_metrics_bytes: int = DEFAULT_MAX_BODY
 
 
 def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
@@ -47,6 +49,7 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
             client=KubeClient.from_environment(),
             token_key=config.token_key,
             global_dry_run=config.global_dry_run,
+            workers=WorkerClient(max_body=config.max_metrics_bytes),
         )
 
     @kopf.on.login(registry=registry)

@@ -42,8 +42,8 @@ from pdwarden.k8s import ApiError, KubeClient
 from pdwarden.k8s.events import post_event
 from pdwarden.observe import Observed, compute_status
 from pdwarden.render import Owner, names, render_deployment
-from pdwarden.render.deployment import admin_secret
-from pdwarden.tokens import derive_token
+from pdwarden.render.deployment import admin_secret, bootstrap_secret
+from pdwarden.tokens import derive_bootstrap_token, derive_token
 
 log = logging.getLogger("pdwarden.reconcile")
 Obj = dict[str, Any]
@@ -140,10 +140,14 @@ async def _ensure_secret(client: KubeClient, owner: Owner, token_key: bytes | No
     if token_key is not None:
         token = derive_token(token_key, owner.namespace, owner.name, owner.uid)
         await client.create(admin_secret(owner, token))  # None (409) when it already exists
+        key = derive_bootstrap_token(token_key, owner.namespace, owner.name, owner.uid)
+        await client.create(bootstrap_secret(owner, key))
         return
-    name = names(owner.name).admin_secret
-    if await client.get("v1", "Secret", owner.namespace, name) is None:
+    n = names(owner.name)
+    if await client.get("v1", "Secret", owner.namespace, n.admin_secret) is None:
         await client.create(admin_secret(owner, secrets.token_urlsafe(32)))
+    if await client.get("v1", "Secret", owner.namespace, n.bootstrap_secret) is None:
+        await client.create(bootstrap_secret(owner, secrets.token_urlsafe(32)))
 
 
 async def _serve_new_decode_pods(client: KubeClient, observed: Observed) -> None:

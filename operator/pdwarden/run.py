@@ -16,6 +16,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from pdwarden.main import RunConfig, build_registry
+from pdwarden.scraping import DEFAULT_MAX_BODY, MAX_BODY_LIMIT
 from pdwarden.tokens import TokenKeyError, load_key
 
 
@@ -70,12 +71,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--global-dry-run", action="store_true",
         help="treat every PDDeployment in Enforce mode as DryRun: decide, record, never act",
     )  # fmt: skip
+    parser.add_argument(
+        "--max-metrics-bytes", type=int, default=DEFAULT_MAX_BODY, metavar="BYTES",
+        help="largest worker /metrics (or rooms) answer read; a larger one is a scrape error "
+        f"that names its size ({DEFAULT_MAX_BODY}, at most {MAX_BODY_LIMIT})",
+    )  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.resync_seconds <= 0:
         raise SystemExit("pdwarden run: --resync-seconds must be positive")
+    if not 0 < args.max_metrics_bytes <= MAX_BODY_LIMIT:
+        raise SystemExit(f"pdwarden run: --max-metrics-bytes must be 1..{MAX_BODY_LIMIT}")
     try:
         token_key = load_key(args.token_key_file) if args.token_key_file else None
     except TokenKeyError as e:
@@ -88,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
             token_key=token_key,
             global_dry_run=args.global_dry_run,
             peering_lifetime=args.peering_lifetime,
+            max_metrics_bytes=args.max_metrics_bytes,
         )
     )
     if args.metrics_port:

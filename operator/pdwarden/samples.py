@@ -1,48 +1,40 @@
 """One internal shape for a worker's queue metrics, whichever engine produced them.
 
-Why: detection must not care whether a pod runs pdworker or stock SGLang. This module parses
-Prometheus text with prometheus-client's own parser and maps each engine's names onto `Sample`;
-anything unparsable becomes a `ScrapeError`, never an exception that reaches a handler.
+Why: detection must not care whether a pod runs pdworker or stock SGLang. What each engine's
+series mean lives in `engine_metrics`; this module turns a /metrics body into a `Sample` with
+it. Every byte is hostile: the body size, line length, label-value length and series count are
+bounded, lines of series no adapter needs are dropped by their name before anything else is
+looked at, and the rest is read by a small line parser whose cost is linear in the input
+(prometheus-client's parser costs ~1 us per escaped character and is not bounded). Anything
+unusable becomes a `ScrapeError`, never an exception that reaches a handler.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from pdwarden import engine_metrics
 from pdworker import contract as pdw
 
-# Engine metric name -> Sample field. Counters are listed with their sample name (`_total`).
-PDWORKER_NAMES: Final[Mapping[str, str]] = {
-    pdw.PREFILL_BOOTSTRAP_QUEUE: "bootstrap_queue",
-    pdw.PREFILL_INFLIGHT_QUEUE: "inflight_queue",
-    pdw.PREFILL_INFLIGHT_OLDEST: "inflight_oldest_seconds",
-    pdw.DECODE_PREALLOC_QUEUE: "prealloc_queue",
-    pdw.DECODE_TRANSFER_QUEUE: "transfer_queue",
-    pdw.DECODE_RUNNING: "running",
-    pdw.GENERATED_TOKENS: "generated_tokens",
-    pdw.REQUESTS_COMPLETED: "completed",
-    pdw.REQUESTS_FAILED: "failed",
-}
-SGLANG_NAMES: Final[Mapping[str, str]] = {
-    "sglang:num_prefill_bootstrap_queue_reqs": "bootstrap_queue",
-    "sglang:num_prefill_prealloc_queue_reqs": "bootstrap_queue",  # the older name of the same
-    "sglang:num_prefill_inflight_queue_reqs": "inflight_queue",
-    "sglang:num_decode_prealloc_queue_reqs": "prealloc_queue",
-    "sglang:num_decode_transfer_queue_reqs": "transfer_queue",
-    "sglang:num_running_reqs": "running",
-    "sglang:generation_tokens_total": "generated_tokens",
-    "sglang:num_bootstrap_failed_reqs_total": "failed",
-    "sglang:num_transfer_failed_reqs_total": "failed",
-}
-# sglang reports decode progress as a throughput gauge rather than a token counter.
-SGLANG_THROUGHPUT: Final = "sglang:gen_throughput"
 QUEUE_FIELDS: Final = ("bootstrap_queue", "inflight_queue", "prealloc_queue", "transfer_queue")
 MAX_TEXT_BYTES: Final = 4 * 1024 * 1024
+MAX_LINE_CHARS: Final = 4096  # of a line the parser keeps
+MAX_LABEL_VALUE_CHARS: Final = 512
+MAX_LABELS: Final = 32  # per series
+MAX_SERIES: Final = 8192  # kept lines per body
+
+_NAME: Final = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+# One `name="value"` pair and what follows it; the value pattern is the unrolled loop of
+# `([^"\\]|\\.)*`, which never backtracks.
+_LABEL: Final = re.compile(
+    r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\\n]*(?:\\.[^"\\\n]*)*)"[ \t]*([,}])'
+)
+_CLOSE: Final = re.compile(r"[ \t]*\}")  # `}` after a trailing comma
 
 
 class ScrapeError(ValueError):
@@ -51,7 +43,11 @@ class ScrapeError(ValueError):
 
 @dataclass(frozen=True)
 class Sample:
-    """A worker's queue state at one moment. None = the engine does not report that metric."""
+    """A worker's queue state at one moment. None = the engine does not report that metric.
+
+    Counters (`engine_metrics.COUNTER_FIELDS`) are compared between samples: any change is
+    movement. `generated_tokens` is only ever fed by a counter that moves on every decode step.
+    """
 
     at: float
     bootstrap_queue: float | None = None
@@ -66,43 +62,109 @@ class Sample:
     failed: float | None = None
     incarnation: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    waiting_queue: float | None = None  # requests waiting for a forward pass
+    prefill_tokens: float | None = None  # prompt tokens computed (moves per prefill step)
+    kv_transfers: float | None = None  # rooms whose KV transfer finished (sent or received)
 
     def queue(self, name: str) -> float:
         value = getattr(self, name)
         return float(value) if value is not None else 0.0
 
 
-def parse_metrics(text: str, at: float) -> Sample:
-    """Map a /metrics body onto a Sample; raise ScrapeError if it is not usable."""
+def parse_metrics(text: str, at: float, engine: str | None = None) -> Sample:
+    """Map a /metrics body onto a Sample; raise ScrapeError if it is not usable.
+
+    `engine` picks the adapter (None: both, for callers that do not know; each body carries
+    one engine's names). Only series the adapter names are parsed at all.
+    """
     if len(text) > MAX_TEXT_BYTES:
         raise ScrapeError(f"metrics body too large ({len(text)} bytes)")
-    values: dict[str, float] = {}
+    if text and not text.endswith("\n"):
+        raise ScrapeError("metrics body does not end with a newline (cut short?)")
+    adapter = engine_metrics.engine(engine)
+    by_name = adapter.by_name()
+    found = read_series(text, adapter.names() | {pdw.INCARNATION_INFO})
     incarnation: str | None = None
-    try:
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if s.name == pdw.INCARNATION_INFO and s.value == 1:
-                    incarnation = s.labels.get("incarnation") or incarnation
-                    continue
-                if s.name == SGLANG_THROUGHPUT:
-                    values["throughput"] = values.get("throughput", 0.0) + _finite(s.name, s.value)
-                    continue
-                target = PDWORKER_NAMES.get(s.name) or SGLANG_NAMES.get(s.name)
-                if target is not None:
-                    values[target] = values.get(target, 0.0) + _finite(s.name, s.value)
-    except (ValueError, TypeError, IndexError, KeyError) as e:
-        raise ScrapeError(f"unparsable metrics: {e}") from None
+    for labels, value in found.pop(pdw.INCARNATION_INFO, []):
+        if value == 1:
+            incarnation = labels.get("incarnation") or incarnation
+    for name, samples in found.items():
+        for labels, value in samples:
+            if not math.isfinite(value) and any(s.matches(labels) for s in by_name[name]):
+                # NaN never compares as stuck and +Inf overflows int(): neither is a length.
+                raise ScrapeError(f"{name} is not a finite number ({value})")
+    values: dict[str, Any] = {}
+    for name, samples in found.items():
+        for series in by_name[name]:
+            v = engine_metrics.combine(series, samples)
+            if v is not None:
+                values[series.target] = values.get(series.target, 0.0) + v
     if not values and incarnation is None:
         raise ScrapeError("no pdworker or SGLang queue metrics in the answer")
-    fields: dict[str, Any] = dict(values)
-    return replace(Sample(at=at, incarnation=incarnation), **fields)
+    return replace(Sample(at=at, incarnation=incarnation), **values)
 
 
-def _finite(name: str, value: float) -> float:
-    # NaN never compares as stuck and +Inf overflows int(): neither is a queue length.
-    if not math.isfinite(value):
-        raise ScrapeError(f"{name} is not a finite number ({value})")
-    return float(value)
+def read_series(
+    text: str, names: AbstractSet[str]
+) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """The samples of the named series, by name; every other line is skipped by its name alone.
+
+    Cost is linear in len(text): a line is looked at past its name only if the name is wanted,
+    and then it is bounded (MAX_LINE_CHARS, MAX_LABEL_VALUE_CHARS, MAX_LABELS, MAX_SERIES).
+    """
+    found: dict[str, list[tuple[dict[str, str], float]]] = {}
+    kept = 0
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line or line[0] == "#":
+            continue
+        m = _NAME.match(line)
+        if m is None or m.group() not in names:
+            continue
+        name = m.group()
+        kept += 1
+        if kept > MAX_SERIES:
+            raise ScrapeError(f"more than {MAX_SERIES} series of the names we read")
+        if len(line) > MAX_LINE_CHARS:
+            raise ScrapeError(f"line {number} ({name}) longer than {MAX_LINE_CHARS} characters")
+        found.setdefault(name, []).append(_sample_line(line, m.end(), number))
+    return found
+
+
+def _unescape(raw: str) -> str:
+    """The text format's three escapes (backslash, quote, newline), in C-speed passes."""
+    return "\\".join(p.replace('\\"', '"').replace("\\n", "\n") for p in raw.split("\\\\"))
+
+
+def _sample_line(line: str, pos: int, number: int) -> tuple[dict[str, str], float]:
+    """Labels and value of one `name{labels} value [timestamp]` line, in linear time."""
+    labels: dict[str, str] = {}
+    if pos < len(line) and line[pos] == "{":
+        pos += 1
+        if line[pos : pos + 1] == "}":
+            pos += 1
+        else:
+            while True:
+                m = _LABEL.match(line, pos)
+                if m is None:
+                    raise ScrapeError(f"line {number}: malformed labels")
+                key, raw, end = m.groups()
+                if len(raw) > MAX_LABEL_VALUE_CHARS or len(labels) >= MAX_LABELS:
+                    raise ScrapeError(f"line {number}: label value or label count over limit")
+                labels[key] = _unescape(raw) if "\\" in raw else raw
+                pos = m.end()
+                if end == "}":
+                    break
+                close = _CLOSE.match(line, pos)
+                if close is not None:
+                    pos = close.end()
+                    break
+    rest = line[pos:].split()
+    if not rest or len(rest) > 2 or (line[pos : pos + 1] not in (" ", "\t")):
+        raise ScrapeError(f"line {number}: expected a value after the series name")
+    try:
+        return labels, float(rest[0])
+    except ValueError:
+        raise ScrapeError(f"line {number}: value {rest[0][:32]!r} is not a number") from None
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,9 @@ def test_recovery(results: dict[str, Any]) -> None:
     kinds = [a["action"] for a in sd["actions"]]
     assert "CordonDecode" in kinds and "RestartDecode" in kinds
     assert "abort_race" in sc and data["without_pdwarden"]["abort_race_seconds"] is None
+    lp = data["long_prefill_false_positives"]
+    assert lp["pdworker"]["false_positives"] == 0 and lp["pdworker"]["request_ok"]
+    assert lp["sglang"]["false_positives"] == 0 and lp["sglang"]["control_wedge_findings"] > 0
 
 
 def test_operator_scale(results: dict[str, Any]) -> None:

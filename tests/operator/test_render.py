@@ -12,7 +12,7 @@ import yaml
 from pdwarden.api import parse_spec
 from pdwarden.constants import ANNOTATION_TEMPLATE_HASH, CONDITION_SERVING, LABEL_DEPLOYMENT
 from pdwarden.render import Owner, render_deployment
-from pdwarden.render.deployment import admin_secret
+from pdwarden.render.deployment import admin_secret, bootstrap_secret
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNER = Owner(name="demo", namespace="ns1", uid="uid-1")
@@ -77,12 +77,44 @@ def test_pods_are_hardened_and_mount_the_admin_token() -> None:
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     secret_vols = [v for v in pod["volumes"] if "secret" in v]
     assert secret_vols == [
-        {"name": "admin-token", "secret": {"secretName": "demo-admin", "defaultMode": 0o440}}
+        {"name": "admin-token", "secret": {"secretName": "demo-admin", "defaultMode": 0o440}},
+        {
+            "name": "bootstrap-token",
+            "secret": {"secretName": "demo-bootstrap", "defaultMode": 0o440},
+        },
     ]
     env = {e["name"]: e for e in c["env"]}
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert env["PDWORKER_ADMIN_TOKEN_FILE"]["value"] == "/var/run/pdwarden/admin/token"
+    assert env["PDWORKER_BOOTSTRAP_TOKEN_FILE"]["value"] == "/var/run/pdwarden/bootstrap/token"
     assert pod["automountServiceAccountToken"] is False
+
+
+def secrets_of(template: dict[str, Any]) -> set[str]:
+    return {v["secret"]["secretName"] for v in template["spec"]["volumes"] if "secret" in v}
+
+
+def test_each_role_gets_only_the_tokens_it_uses() -> None:
+    spec = example("minimal-cpu.yaml")
+    objs = render_deployment(OWNER, parse_spec(spec))
+    sts = by_kind(objs, "StatefulSet")
+    # The operator calls prefill's admin API; decode only needs the handshake key.
+    assert secrets_of(sts["demo-prefill"]["spec"]["template"]) == {"demo-admin", "demo-bootstrap"}
+    decode = sts["demo-decode"]["spec"]["template"]
+    assert secrets_of(decode) == {"demo-bootstrap"}
+    assert "PDWORKER_ADMIN_TOKEN_FILE" not in {
+        e["name"] for e in container(sts["demo-decode"])["env"]
+    }
+    router = by_kind(objs, "Deployment")["demo-router"]["spec"]["template"]
+    assert secrets_of(router) == set()
+    # A decode armed with the decode-stall fault keeps its admin API (the fault's trigger).
+    armed = copy.deepcopy(spec)
+    armed["decode"]["env"] = [{"name": "PDWORKER_FAULTS", "value": "decode-stall"}]
+    sts = by_kind(render_deployment(OWNER, parse_spec(armed)), "StatefulSet")
+    assert secrets_of(sts["demo-decode"]["spec"]["template"]) == {"demo-admin", "demo-bootstrap"}
+    # SGLang pods use neither pdworker key for the handshake.
+    sts = by_kind(render_deployment(OWNER, parse_spec(example("sglang.yaml"))), "StatefulSet")
+    assert "demo-bootstrap" not in secrets_of(sts["demo-decode"]["spec"]["template"])
 
 
 def test_template_hash_changes_with_env_and_only_for_that_role() -> None:
@@ -159,6 +191,10 @@ def test_admin_secret_holds_the_token_base64_and_is_owned() -> None:
     secret = admin_secret(OWNER, "s3cret")
     assert secret["data"] == {"token": "czNjcmV0"}
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    key = bootstrap_secret(OWNER, "k3y")
+    assert key["metadata"]["name"] == "demo-bootstrap"
+    assert key["data"] == {"token": "azN5"}
+    assert key["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
 
 
 def test_router_gets_least_privilege_pod_read_rbac() -> None:

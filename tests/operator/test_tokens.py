@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pdwarden.tokens import TokenKeyError, derive_token, load_key
+from pdwarden.tokens import TokenKeyError, derive_bootstrap_token, derive_token, load_key
 
 KEY = b"0123456789abcdef0123456789abcdef"
 
@@ -23,6 +23,16 @@ def test_token_is_stable_and_specific_to_one_incarnation() -> None:
     }
     assert a not in others
     assert len(others) == 4
+
+
+def test_bootstrap_key_is_per_deployment_and_never_the_admin_token() -> None:
+    key = derive_bootstrap_token(KEY, "ns", "pd", "uid-1")
+    assert key == derive_bootstrap_token(KEY, "ns", "pd", "uid-1")
+    assert key != derive_token(KEY, "ns", "pd", "uid-1")
+    assert key != derive_bootstrap_token(KEY, "ns", "pd", "uid-2")
+    assert key != derive_bootstrap_token(KEY, "ns", "pd2", "uid-1")
+    # Names that spell the label into an admin-token message still give another value.
+    assert key != derive_token(KEY, "pdwarden.dev", "bootstrap-v1\nns", "pd/uid-1")
 
 
 def test_key_file_must_exist_and_be_long_enough(tmp_path: Path) -> None:

@@ -164,26 +164,40 @@ def test_decode_without_an_incarnation_metric_is_never_judged_gone() -> None:
     assert d.findings == ()
 
 
-# -- InflightGaugeStuck (no rooms API: stock SGLang) ---------------------------------------
+# -- InflightGaugeStuck (no rooms API: stock SGLang; SGLang-format series in
+#    test_detection_sglang.py) -------------------------------------------------------------
 
 
-def test_gauge_only_needs_the_full_window() -> None:
-    short = series(12, inflight_queue=3)  # spans 55 s < 60 s
-    assert detect([prefill(None, history=short)], WEDGE_AFTER).findings == ()
-    full = series(13, inflight_queue=[3] * 6 + [2] * 7)  # spans 60 s, never 0
-    (f,) = detect([prefill(None, history=full)], WEDGE_AFTER).findings
+def idle_decode(n: int = 20) -> PodView:
+    return decode("d-0", history=series(n, running=0, prealloc_queue=0, generated_tokens=500))
+
+
+def test_gauge_rule_needs_the_full_window() -> None:
+    short = series(12, inflight_queue=3, kv_transfers=10)  # spans 55 s < 60 s
+    assert detect([prefill(None, history=short), idle_decode()], WEDGE_AFTER).findings == ()
+    full = series(13, inflight_queue=[3] * 6 + [2] * 7, kv_transfers=10)  # 60 s, no drain
+    (f,) = detect([prefill(None, history=full), idle_decode()], WEDGE_AFTER).findings
     assert (f.reason, f.room_count, f.oldest_seconds, f.peer) == ("InflightGaugeStuck", 2, 60, None)
-    assert f.evidence == "inflight queue >= 2 for 60s"
+    assert f.evidence.startswith("inflight queue held >= 2 rooms for 60s and none left it")
+
+
+def test_a_queue_that_drains_is_not_stuck_however_full() -> None:
+    h = series(40, inflight_queue=5, kv_transfers=[10 + i for i in range(40)])
+    assert detect([prefill(None, history=h), idle_decode(40)], WEDGE_AFTER).findings == ()
 
 
 def test_gauge_that_drained_once_in_the_window_is_not_stuck() -> None:
-    h = series(20, inflight_queue=[3] * 10 + [0] + [3] * 9)
-    assert detect([prefill(None, history=h)], WEDGE_AFTER).findings == ()
-    # ... but once the drain is older than the window, a steady gauge is stuck again.
-    h = series(20, inflight_queue=[0] + [3] * 19)
-    assert [f.reason for f in detect([prefill(None, history=h)], WEDGE_AFTER).findings] == [
-        "InflightGaugeStuck"
-    ]
+    h = series(20, inflight_queue=[3] * 10 + [0] + [3] * 9, kv_transfers=10)
+    assert detect([prefill(None, history=h), idle_decode()], WEDGE_AFTER).findings == ()
+    # ... but once the drain is older than the window, a queue that stopped moving is stuck.
+    h = series(20, inflight_queue=[0] + [3] * 19, kv_transfers=10)
+    assert [f.reason for f in detect([prefill(None, history=h), idle_decode()], WEDGE_AFTER)
+            .findings] == ["InflightGaugeStuck"]  # fmt: skip
+
+
+def test_an_engine_that_reports_no_drain_counter_is_never_judged() -> None:
+    h = series(20, inflight_queue=3)
+    assert detect([prefill(None, history=h), idle_decode()], WEDGE_AFTER).findings == ()
 
 
 # -- DecodeStalled -------------------------------------------------------------------------
@@ -222,7 +236,9 @@ def test_decode_stall_needs_the_full_window() -> None:
 
 
 def test_decode_stall_from_throughput_when_there_is_no_token_counter() -> None:
-    """Older SGLang builds: a throughput gauge only."""
+    """An engine that reports a throughput gauge but no per-step token counter (SGLang before
+    realtime_tokens_total). Its generation_tokens_total is no substitute: SGLang moves it only
+    when a request finishes (observe_one_finished_request), in every version."""
     h = series(13, running=4, throughput=0.0)
     assert "generation throughput 0" in (decode_stalled(h, WEDGE_AFTER) or "")
     h = series(13, running=4, throughput=[0.0] * 12 + [15.0])
@@ -231,6 +247,36 @@ def test_decode_stall_from_throughput_when_there_is_no_token_counter() -> None:
 
 def test_decode_with_no_progress_metric_is_never_judged_stalled() -> None:
     assert decode_stalled(series(20, running=4), WEDGE_AFTER) is None
+
+
+def test_finished_requests_are_progress_but_their_absence_proves_nothing() -> None:
+    h = series(13, running=4, throughput=0.0, completed=[7] * 12 + [8])
+    assert decode_stalled(h, WEDGE_AFTER) is None
+    assert decode_stalled(series(13, running=4, completed=7), WEDGE_AFTER) is None
+
+
+def test_kv_arriving_is_progress_only_for_requests_not_yet_running() -> None:
+    """A stalled pdworker decode still lands KV for new requests it never runs."""
+    arriving = [10 + i for i in range(13)]
+    queued = series(13, transfer_queue=2, generated_tokens=500, kv_transfers=arriving)
+    assert decode_stalled(queued, WEDGE_AFTER) is None
+    running = series(13, running=2, generated_tokens=500, kv_transfers=arriving)
+    assert decode_stalled(running, WEDGE_AFTER) is not None
+
+
+def test_pdworker_healthy_long_decode_for_ten_minutes() -> None:
+    h = series(121, incarnation="d0-a", running=4, generated_tokens=[4000 * i for i in range(121)],
+               completed=12)  # fmt: skip
+    d = detect([prefill([]), decode(history=h)], WEDGE_AFTER)
+    assert d.findings == () and d.healthy_decodes == {"d-0"}
+
+
+def test_pdworker_saturated_prefill_whose_inflight_gauge_never_reaches_zero() -> None:
+    """Rooms pass through the inflight queue in seconds; the gauge is never 0 for 10 minutes."""
+    h = series(121, inflight_queue=[2 + i % 4 for i in range(121)],
+               kv_transfers=[30 * i for i in range(121)])  # fmt: skip
+    rooms = [room(i, "inflight", 0.5 + i) for i in range(5)] + [room(9, "forward", 30)]
+    assert detect([prefill(rooms, history=h), *decodes()], WEDGE_AFTER).findings == ()
 
 
 def test_progress_before_the_window_does_not_hide_a_stall() -> None:
@@ -295,6 +341,18 @@ def test_a_decode_waiting_for_a_long_prefill_is_not_stalled() -> None:
     # Once no prefill computes for it, the same queue with no progress is a stall.
     done = prefill([room(2, "forward", 90, peer="d-1")])
     assert detect([done, waiting], WEDGE_AFTER).stalled_decodes == frozenset({"d-0"})
+
+
+def test_a_decode_waiting_for_kv_on_the_way_is_not_stalled() -> None:
+    """The long prefill is done and its room's KV is being sent: the decode still waits
+    legitimately (bench/recovery found one false cordon at that moment under load)."""
+    waiting = decode("d-0", history=series(20, transfer_queue=1, generated_tokens=500))
+    sending = prefill([room(1, "inflight", 1.5, peer="d-0")])
+    assert detect([sending, waiting], WEDGE_AFTER).stalled_decodes == frozenset()
+    # A room inflight for longer than the window is wedged on the prefill side instead.
+    stuck = prefill([room(1, "inflight", 61, peer="d-0")])
+    d = detect([stuck, waiting], WEDGE_AFTER)
+    assert [f.reason for f in d.findings] == ["InflightStuck", "DecodeStalled"]
 
 
 def test_without_rooms_from_every_prefill_only_stuck_running_requests_are_a_stall() -> None:

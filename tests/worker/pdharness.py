@@ -27,6 +27,7 @@ from e2e.httpjson import http
 from prometheus_client.parser import text_string_to_metric_families
 
 TOKEN = "test-admin-token"
+BOOTSTRAP_TOKEN = "test-bootstrap-token"
 # Small KV so the suite fits on two busy cores. Deadlines are short where a test is about a
 # deadline (it sets its own) and otherwise long enough that a starved CI box does not hit them.
 SMALL = [
@@ -94,6 +95,8 @@ class PD:
         self.procs: list[Proc] = []
         self.token_file = tmp / "admin-token"
         self.token_file.write_text(TOKEN + "\n")
+        self.bootstrap_token_file = tmp / "bootstrap-token"
+        self.bootstrap_token_file.write_text(BOOTSTRAP_TOKEN + "\n")
 
     def _spawn(self, name: str, argv: list[str], url: str, port: int, env: dict[str, str]) -> Proc:
         log = self.tmp / f"{name}-{len(self.procs)}.log"
@@ -110,7 +113,7 @@ class PD:
 
     def worker(
         self, role: str, *extra: str, port: int | None = None, token: bool = True,
-        env: dict[str, str] | None = None, wait: bool = True,
+        env: dict[str, str] | None = None, wait: bool = True, bootstrap_token: bool = True,
     ) -> Proc:  # fmt: skip
         port = port or free_port()
         argv = [role, "--host", "127.0.0.1", "--port", str(port), "--pod-name", f"{role}-{port}"]
@@ -121,8 +124,11 @@ class PD:
             argv += ["--bootstrap-port", str(bootstrap)]
         if token:
             argv += ["--admin-token-file", str(self.token_file)]
+        if bootstrap_token:
+            argv += ["--bootstrap-token-file", str(self.bootstrap_token_file)]
         env = dict(env or {})
         env.setdefault("PDWORKER_ADMIN_TOKEN_FILE", "")
+        env.setdefault("PDWORKER_BOOTSTRAP_TOKEN_FILE", "")
         proc = self._spawn(role, [*argv, *extra], f"http://127.0.0.1:{port}", port, env)
         proc.bootstrap_port = bootstrap
         if wait:

@@ -27,6 +27,10 @@ def test_unknown_options_and_faults_are_named() -> None:
     assert out.returncode == 2 and "--bogus" in out.stderr
     out = cli("prefill", "--fault", "legacy-status-race,made-up")
     assert out.returncode == 2 and "made-up" in out.stderr and "legacy-status-race" in out.stderr
+    out = cli("decode", "--prefill-allow", "127.0.0.1:1,nonsense")
+    assert out.returncode == 2 and "'nonsense' is neither ip:port nor a network" in out.stderr
+    out = cli("prefill", "--max-rooms", "0")
+    assert out.returncode == 2 and "--max-rooms" in out.stderr
 
 
 @pytest.mark.parametrize("command", ["prefill", "decode", "router", "load"])
@@ -36,7 +40,9 @@ def test_help_documents_flags(command: str) -> None:
     flags = {
         "prefill": ["--host", "--port", "--bootstrap-port", "--admin-token-file", "--fault",
                     "--inflight-timeout", "--transfer-timeout", "--peer-timeout", "--kv-pages"],
-        "decode": ["--waiting-timeout", "--heartbeat-interval", "--abort-ack-timeout", "POD_IP"],
+        "decode": ["--waiting-timeout", "--heartbeat-interval", "--abort-ack-timeout", "POD_IP",
+                   "--bootstrap-token-file", "PDWORKER_BOOTSTRAP_TOKEN_FILE", "--prefill-allow",
+                   "--max-rooms"],
         "router": ["--prefill", "--decode", "--discovery", "--prefill-selector"],
         "load": ["--clients", "--requests", "--duration", "--cancel-fraction", "--json"],
     }[command]  # fmt: skip

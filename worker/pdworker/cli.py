@@ -19,11 +19,13 @@ from collections.abc import Sequence
 from pdworker import __version__
 from pdworker import contract as c
 from pdworker.faults import FaultSpecError, parse_faults
+from pdworker.limits import DEFAULT_MAX_ROOMS
 
 EPILOG = (
     "Environment defaults: POD_IP (--host), POD_NAME (--pod-name), POD_NAMESPACE (--namespace), "
     f"PDWORKER_PORT (--port), PDWORKER_BOOTSTRAP_PORT (--bootstrap-port), {c.ADMIN_TOKEN_FILE_ENV} "
-    f"(--admin-token-file), {c.FAULTS_ENV} (--fault, comma separated), PDWORKER_LOG_LEVEL. "
+    f"(--admin-token-file), {c.BOOTSTRAP_TOKEN_FILE_ENV} (--bootstrap-token-file), {c.FAULTS_ENV} "
+    "(--fault, comma separated), PDWORKER_LOG_LEVEL. "
     "Workers bound to a loopback --host set UCX_NET_DEVICES=lo unless it is already set, so "
     "NIXL/UCX listens on loopback only."
 )
@@ -173,6 +175,27 @@ def _worker_flags(p: argparse.ArgumentParser, role: str) -> None:
         f"refuses every call (default: ${c.ADMIN_TOKEN_FILE_ENV})",
     )
     a.add_argument(
+        "--bootstrap-token-file",
+        default=_env(c.BOOTSTRAP_TOKEN_FILE_ENV, ""),
+        help="file holding the deployment's bootstrap (handshake) key, the same on every "
+        "prefill and decode of one deployment; without it prefill refuses every decode and "
+        f"decode cannot register (default: ${c.BOOTSTRAP_TOKEN_FILE_ENV})",
+    )
+    a.add_argument(
+        "--max-rooms",
+        type=int,
+        default=DEFAULT_MAX_ROOMS,
+        help=f"rooms held at once; more requests get 429 (default: {DEFAULT_MAX_ROOMS})",
+    )
+    if role == "decode":
+        a.add_argument(
+            "--prefill-allow",
+            default="",
+            metavar="ADDR[,ADDR...]",
+            help="bootstrap endpoints this decode may use, as ip:port or networks (CIDR), comma "
+            "separated; empty: any endpoint that proves it holds the bootstrap key",
+        )
+    a.add_argument(
         "--fault",
         action="append",
         default=[],
@@ -311,6 +334,9 @@ def _worker_config(args: argparse.Namespace) -> object:
         decode_token_ms=args.decode_token_ms,
         max_running=args.max_running,
         admin_token=load_token(args.admin_token_file),
+        bootstrap_token=load_token(args.bootstrap_token_file, "bootstrap"),
+        prefill_allow=tuple(a for a in getattr(args, "prefill_allow", "").split(",") if a.strip()),
+        max_rooms=args.max_rooms,
         faults=faults,
     )
 
@@ -329,13 +355,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.command in ("prefill", "decode"):
         from pdworker.config import WorkerConfig
+        from pdworker.prefill_link import parse_allow
         from pdworker.runner import run_worker
 
         try:
             cfg = _worker_config(args)
-        except FaultSpecError as exc:
+            assert isinstance(cfg, WorkerConfig)
+            parse_allow(cfg.prefill_allow)
+        except (FaultSpecError, ValueError) as exc:
             parser.error(str(exc))
-        assert isinstance(cfg, WorkerConfig)
+        if cfg.max_rooms < 1:
+            parser.error("--max-rooms must be >= 1")
         import torch
 
         torch.set_num_threads(max(1, args.torch_threads))

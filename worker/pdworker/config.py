@@ -13,9 +13,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pdworker.faults import Faults
+from pdworker.limits import DEFAULT_MAX_ROOMS, MAX_PROMPT_TOKENS
 from pdworker.server import BadRequest
 
-MAX_PROMPT_TOKENS = 1 << 20
+MAX_TOKEN_ID = 2**31
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -73,6 +74,9 @@ class WorkerConfig:
     max_running: int = 128
     poll_interval: float = 0.005
     admin_token: str | None = None
+    bootstrap_token: str | None = None  # the deployment's handshake key (both roles)
+    prefill_allow: tuple[str, ...] = ()  # decode: bootstrap endpoints (host:port) or networks
+    max_rooms: int = DEFAULT_MAX_ROOMS
     faults: Faults = field(default_factory=Faults)
     incarnation: str = ""
 
@@ -95,8 +99,8 @@ def parse_ids(value: Any) -> list[int]:
     if not isinstance(value, list) or not value or len(value) > MAX_PROMPT_TOKENS:
         raise BadRequest("input_ids must be a non-empty list of token ids")
     for token in value:
-        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise BadRequest("input_ids must hold non-negative integers")
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < MAX_TOKEN_ID:
+            raise BadRequest(f"input_ids must hold integers in [0, {MAX_TOKEN_ID})")
     return value
 
 

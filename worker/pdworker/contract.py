@@ -1,4 +1,5 @@
-"""The worker's public contract: metric names, admin API shapes, fault switches, KVPoll.
+"""The worker's public contract: metric names, admin API shapes, fault switches, KVPoll, and
+the KV notification codec that prefill and decode both speak.
 
 This is the only pdworker module the operator may import (enforced by import-linter), so it
 stays dependency-free: no torch, no NIXL, no aiohttp.
@@ -6,6 +7,7 @@ stays dependency-free: no torch, no NIXL, no aiohttp.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Final
 
@@ -82,3 +84,102 @@ DECODE_PHASES: Final = ("prealloc", "transfer", "running")
 # Extra worker gauges (not used by detection; tests use them to prove nothing leaks).
 KV_PAGES_FREE: Final = "pdworker_kv_pages_free"
 KV_PAGES_TOTAL: Final = "pdworker_kv_pages_total"
+
+# Bootstrap (handshake) authentication: a per-deployment key, separate from the admin token.
+BOOTSTRAP_TOKEN_FILE_ENV: Final = "PDWORKER_BOOTSTRAP_TOKEN_FILE"
+
+# GET /admin/rooms `peer` fields. Only `ip` was verified by the prefill (the TCP peer address of
+# an authenticated bootstrap call, from a caller holding this deployment's bootstrap key); `pod`
+# is the peer's own unverified claim, a hint for people. Whoever acts on a peer maps `ip` to a
+# pod of the same deployment itself.
+ROOM_PEER_VERIFIED_IP: Final = "ip"
+ROOM_PEER_POD_HINT: Final = "pod"
+
+
+# -- KV notifications (prefill -> decode over NIXL) ------------------------------------------
+# `kv:<room>:<chunk>` after each chunk's WRITE, `meta:<room>:<chunks>:<first token>:<checksum>`
+# once all chunks are written, `fail:<room>:<reason>` when prefill failed the room.
+MAX_NOTIFICATION_BYTES: Final = 256
+_MAX_ROOM = 2**63
+
+
+@dataclass(frozen=True)
+class KVChunk:
+    room: int
+    index: int
+
+
+@dataclass(frozen=True)
+class KVMeta:
+    room: int
+    chunks: int
+    first_token: int
+    checksum: str
+
+
+@dataclass(frozen=True)
+class KVFail:
+    room: int
+    reason: str
+
+
+Notification = KVChunk | KVMeta | KVFail
+
+
+def _checksum_ok(value: str) -> bool:
+    return 0 < len(value) <= 128 and value.isascii() and value.isalnum()
+
+
+def encode_notification(note: Notification) -> bytes:
+    """The wire form of a notification; ValueError for values the decoder would refuse."""
+    if not 0 <= note.room < _MAX_ROOM:
+        raise ValueError(f"room out of range: {note.room}")
+    if isinstance(note, KVChunk):
+        if note.index < 0:
+            raise ValueError("chunk index must be >= 0")
+        return f"kv:{note.room}:{note.index}".encode()
+    if isinstance(note, KVMeta):
+        if note.chunks < 1 or note.first_token < 0 or not _checksum_ok(note.checksum):
+            raise ValueError(f"bad meta notification {note!r}")
+        return f"meta:{note.room}:{note.chunks}:{note.first_token}:{note.checksum}".encode()
+    if note.reason not in FAILURE_REASONS:
+        raise ValueError(f"unknown failure reason {note.reason!r}")
+    return f"fail:{note.room}:{note.reason}".encode()
+
+
+def _natural(text: str, limit: int = 2**63) -> int | None:
+    """A decimal of ASCII digits only (no sign, no '²', no spaces) below `limit`, else None."""
+    if not text or len(text) > 19 or not (text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if value < limit else None
+
+
+def decode_notification(raw: bytes) -> Notification | None:
+    """Parse a notification; None for anything malformed (never raises on any input).
+
+    A `fail` with a reason this version does not know decodes as `transfer_error`.
+    """
+    if len(raw) > MAX_NOTIFICATION_BYTES:
+        return None
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    kind, _, rest = text.partition(":")
+    fields = rest.split(":")
+    room = _natural(fields[0])
+    if room is None:
+        return None
+    if kind == "kv" and len(fields) == 2:
+        index = _natural(fields[1])
+        return None if index is None else KVChunk(room, index)
+    if kind == "meta" and len(fields) == 4:
+        chunks, first = _natural(fields[1]), _natural(fields[2])
+        if chunks is None or chunks < 1 or first is None or not _checksum_ok(fields[3]):
+            return None
+        return KVMeta(room, chunks, first, fields[3])
+    if kind == "fail" and len(fields) == 2:
+        reason = fields[1] if fields[1] in FAILURE_REASONS else "transfer_error"
+        return KVFail(room, reason)
+    return None

@@ -19,18 +19,27 @@ from typing import Any
 
 from aiohttp import web
 
+from pdworker import limits
 from pdworker.config import WorkerConfig, parse_ids, parse_positive_int
-from pdworker.contract import FAILURE_REASONS, KVPoll
+from pdworker.contract import KVChunk, KVFail, KVMeta, KVPoll, decode_notification
+from pdworker.handshake import Refused, split_address
 from pdworker.metrics import WorkerMetrics
 from pdworker.model import KVPool, TinyModel, kv_checksum
-from pdworker.prefill_link import PeerError, PrefillLinks
+from pdworker.prefill_link import PeerError, PrefillLinks, endpoint
 from pdworker.rooms import Peer, RoomRejected, RoomTable
-from pdworker.server import BadRequest, FailSelector, error, parse_room, read_json, wait_until
+from pdworker.server import (
+    BadRequest,
+    FailSelector,
+    client_error,
+    error,
+    parse_room,
+    read_json,
+    wait_until,
+)
 from pdworker.transfer import Transport
 
 log = logging.getLogger(__name__)
 mono = time.monotonic
-MAX_NEW_TOKENS = 4096
 
 
 @dataclass
@@ -49,6 +58,7 @@ class DecodeWork:
     prefill_knows: bool = False  # the failure came from prefill: no ABORT needed
     finished: bool = False
     transfer_started: float = 0.0
+    untrusted: bool = False  # the bootstrap endpoint did not prove it is one of ours (403)
 
 
 class DecodeWorker:
@@ -66,6 +76,7 @@ class DecodeWorker:
         self.table = RoomTable("decode", deadlines=deadlines, legacy=cfg.faults.legacy_status_race)
         self.metrics = WorkerMetrics("decode", cfg.incarnation, self.table, pool.pages)
         self.links = PrefillLinks(cfg, transport, pool, self._rooms_lost)
+        self.links.in_use = lambda address: any(w.link == address for w in self.work.values())
         self.work: dict[int, DecodeWork] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.unstalled = asyncio.Event()
@@ -116,15 +127,23 @@ class DecodeWorker:
                 raise BadRequest("body must be a JSON object")
             room = parse_room(body.get("bootstrap_room"))
             ids = parse_ids(body.get("input_ids"))
-            max_new = parse_positive_int(body, "max_new_tokens", 16, MAX_NEW_TOKENS)
-            host = body.get("bootstrap_host")
-            port = body.get("bootstrap_port")
-            if not isinstance(host, str) or not host or not isinstance(port, int):
-                raise BadRequest("bootstrap_host (string) and bootstrap_port (int) are required")
+            max_new = parse_positive_int(body, "max_new_tokens", 16, limits.MAX_NEW_TOKENS)
+            # Only prefills of this deployment: allowed (--prefill-allow) and, before anything
+            # of ours is sent, proven to hold the bootstrap key (prefill_link).
+            link = endpoint(
+                body.get("bootstrap_host"), body.get("bootstrap_port"), self.links.allow
+            )
+            self.links.admit(link)
         except BadRequest as exc:
-            return error(400, str(exc))
+            return client_error(exc)
+        except Refused as exc:
+            return error(exc.status, exc.message, reason="aborted")
         if self.stopping:
             return error(503, "decode is shutting down", reason="aborted")
+        if self.cfg.bootstrap_token is None:
+            return error(503, "decode has no bootstrap token configured", reason="aborted")
+        if len(self.table) >= self.cfg.max_rooms:
+            return error(429, f"decode holds {self.cfg.max_rooms} rooms; retry later")
         self.requests_seen += 1
         after = self.cfg.faults.decode_stall_after
         if self.cfg.faults.decode_stall and after is not None and self.requests_seen > after:
@@ -133,9 +152,7 @@ class DecodeWorker:
             self.table.create(room, "prealloc", mono())
         except RoomRejected as exc:
             return error(409, exc.detail, reason="aborted")
-        work = DecodeWork(
-            ids, max_new, f"{host}:{port}", asyncio.get_running_loop().create_future()
-        )
+        work = DecodeWork(ids, max_new, link, asyncio.get_running_loop().create_future())
         self.work[room] = work
         try:
             result = await self._serve(room, work)
@@ -148,7 +165,8 @@ class DecodeWorker:
             result = self._failure(room)
         finally:
             self._spawn(self._cleanup(room, work))
-        return web.json_response(result, status=200 if result["ok"] else 500)
+        status = 200 if result["ok"] else 403 if work.untrusted else 500
+        return web.json_response(result, status=status)
 
     def _fail(self, room: int, reason: str, detail: str) -> bool:
         if not self.table.fail(room, reason, mono(), detail):
@@ -169,10 +187,12 @@ class DecodeWorker:
         try:
             link = await self.links.ensure(work.link)
         except PeerError as exc:
+            work.untrusted = exc.untrusted
             self._fail(room, exc.reason, exc.detail)
             return self._failure(room)
         work.agent = link.agent
-        self.table.bind(room, Peer(link.pod, link.address, link.incarnation))
+        ip = split_address(link.address)[0]
+        self.table.bind(room, Peer(link.pod, link.address, link.incarnation, ip))
         needed = self.cfg.model.pages_for(len(work.ids))
         pages = self.pool.pages.alloc(room, needed)
         while pages is None:  # the prealloc deadline (watchdog) bounds this wait
@@ -261,33 +281,30 @@ class DecodeWorker:
             for raw in messages:
                 if drop and random.random() < drop:
                     continue
-                self._on_notif(agent, raw.decode(errors="replace"))
+                self._on_notif(agent, raw)
 
-    def _on_notif(self, agent: str, message: str) -> None:
-        kind, _, rest = message.partition(":")
-        fields = rest.split(":")
-        try:
-            room = int(fields[0])
-        except ValueError:
-            return
+    def _on_notif(self, agent: str, raw: bytes) -> None:
+        note = decode_notification(raw)
+        if note is None:
+            return  # malformed: ignored
+        room = note.room
         work = self.work.get(room)
         if work is None or work.agent != agent or work.done.done():
             return  # late or foreign notification: ignored, never re-creates a room
-        if kind == "kv" and len(fields) == 2 and fields[1].isdigit():
-            work.chunks.add(int(fields[1]))
+        if isinstance(note, KVChunk):
+            if len(work.chunks) >= len(work.pages):
+                return  # more chunks than pages: not from an honest prefill
+            work.chunks.add(note.index)
             self.table.update(room, KVPoll.Transferring, mono())
-        elif kind == "meta" and len(fields) == 4:
+        elif isinstance(note, KVMeta):
             work.n_chunks, work.first_token, work.checksum = (
-                int(fields[1]),
-                int(fields[2]),
-                fields[3],
+                note.chunks,
+                note.first_token,
+                note.checksum,
             )
-        elif kind == "fail" and len(fields) == 2:
-            reason = fields[1] if fields[1] in FAILURE_REASONS else "transfer_error"
+        elif isinstance(note, KVFail):
             work.prefill_knows = True
-            self._fail(room, reason, f"failed by prefill ({reason})")
-            return
-        else:
+            self._fail(room, note.reason, f"failed by prefill ({note.reason})")
             return
         complete = work.n_chunks is not None and len(work.chunks) >= work.n_chunks
         if complete and not work.done.done():

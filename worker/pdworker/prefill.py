@@ -23,12 +23,22 @@ from typing import Any
 import torch
 from aiohttp import web
 
+from pdworker import limits
 from pdworker.config import WorkerConfig, parse_ids
-from pdworker.contract import KVPoll
+from pdworker.contract import KVChunk, KVFail, KVMeta, KVPoll, encode_notification
+from pdworker.handshake import PeerRegistration, Refused
 from pdworker.metrics import WorkerMetrics
 from pdworker.model import KVPool, TinyModel, kv_checksum
 from pdworker.rooms import Peer, RoomRejected, RoomTable
-from pdworker.server import BadRequest, FailSelector, error, parse_room, read_json, wait_until
+from pdworker.server import (
+    BadRequest,
+    FailSelector,
+    client_error,
+    error,
+    parse_room,
+    read_json,
+    wait_until,
+)
 from pdworker.transfer import TransferError, Transport
 
 IDLE_POLL_S = 0.05
@@ -103,6 +113,8 @@ class PrefillWorker:
         self.waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.work: dict[int, RoomWork] = {}
         self.lock = threading.Lock()  # guards bindings/peers/work counters across threads
+        self.registering: set[str] = set()  # agents whose NIXL metadata is being loaded
+        self.peer_slots = asyncio.Semaphore(limits.PEER_REGISTRATIONS_AT_ONCE)
         self.shards: list[queue.Queue[ChunkJob | None]] = [
             queue.Queue() for _ in range(max(1, cfg.transfer_threads))
         ]
@@ -155,9 +167,11 @@ class PrefillWorker:
             room = parse_room(body.get("bootstrap_room"))
             ids = parse_ids(body.get("input_ids"))
         except BadRequest as exc:
-            return error(400, str(exc))
+            return client_error(exc)
         if self.stopping:
             return error(503, "prefill is shutting down", reason="aborted")
+        if len(self.table) >= self.cfg.max_rooms:
+            return error(429, f"prefill holds {self.cfg.max_rooms} rooms; retry later")
         now = mono()
         try:
             self.table.create(room, "bootstrap", now)
@@ -194,6 +208,8 @@ class PrefillWorker:
             peer = self.peers.get(binding.agent)
             if work is None or peer is None or peer.dead:
                 return "decode peer is gone"
+            if room in self.bindings:
+                return "room is already bound"  # first bind wins, never re-bound
             needed = self.cfg.model.pages_for(len(work.ids))
             if len(binding.pages) != needed:
                 return f"decode sent {len(binding.pages)} pages, room needs {needed}"
@@ -256,7 +272,7 @@ class PrefillWorker:
                         first = self.model.first_token(last_hidden)
                         checksum = kv_checksum(torch.cat(parts, dim=2))
                         work.result = {"first_token": first, "kv_checksum": checksum}
-                        job.meta = f"meta:{room}:{len(chunks)}:{first}:{checksum}".encode()
+                        job.meta = encode_notification(KVMeta(room, len(chunks), first, checksum))
                         # The room enters the inflight queue now: the watchdog clock starts here.
                         self.table.set_phase(room, "inflight", mono())
                     self.table.update(room, KVPoll.Transferring, mono())
@@ -313,7 +329,7 @@ class PrefillWorker:
             # legacy: SGLang's skip guard just `continue`s and leaves the room as it is.
             return
         try:
-            notif = f"kv:{room}:{job.index}".encode()
+            notif = encode_notification(KVChunk(room, job.index))
             self.transport.write(
                 binding.agent, job.local_pages, job.remote_pages, notif, self.cfg.transfer_timeout
             )
@@ -377,7 +393,9 @@ class PrefillWorker:
                 result = {"ok": False, "room": room, "reason": reason, "error": entry.detail}
                 if binding and peer and not peer.dead and not (work and work.decode_aborted):
                     try:  # push the failure to decode (SGLang's NIXL backend never did)
-                        self.transport.notify(binding.agent, f"fail:{room}:{reason}".encode())
+                        self.transport.notify(
+                            binding.agent, encode_notification(KVFail(room, reason))
+                        )
                     except TransferError as exc:
                         log.info("could not push failure of room %d: %s", room, exc)
             future = self.waiters.get(room)
@@ -390,6 +408,8 @@ class PrefillWorker:
 
     def _check_peers(self, now: float) -> None:
         for agent, peer in list(self.peers.items()):
+            if agent in self.registering:
+                continue  # being (re-)registered: its NIXL entry is in use
             if not peer.dead and now - peer.last_seen > self.cfg.peer_timeout:
                 self._peer_lost(agent, f"no heartbeat for {self.cfg.peer_timeout:g}s")
             if peer.dead and not self.transport_busy(agent):
@@ -434,7 +454,128 @@ class PrefillWorker:
         )
         return [r for r in rooms if self.table.fail(r, "admin", now, "failed by the admin API")]
 
-    def bootstrap_app(self) -> web.Application:
-        from pdworker.bootstrap import BootstrapServer
+    # -- the handshake (called by the bootstrap server with validated input) -------------
+    def peer_ip(self, agent: str) -> str | None:
+        with self.lock:
+            known = self.peers.get(agent)
+            return known.peer.ip if known is not None else None
 
-        return BootstrapServer(self).app()
+    def _caller_owns(self, agent: str, caller_ip: str) -> DecodePeer | None:
+        """The peer `agent` if it exists; Refused (403) if it was registered from elsewhere."""
+        known = self.peers.get(agent)
+        if known is not None and known.peer.ip != caller_ip:
+            raise Refused(403, "this agent was registered from another address")
+        return known
+
+    async def register_peer(self, reg: PeerRegistration) -> None:
+        """Load a decode's NIXL metadata; only once that worked, replace an older incarnation
+        at the same (verified) address and fail its rooms."""
+        with self.lock:
+            known = self._caller_owns(reg.agent, reg.ip)
+            if known is not None and not known.dead:
+                known.last_seen = mono()
+                return
+            live = [p for p in self.peers.values() if not p.dead]
+            if len(live) >= limits.MAX_DECODE_PEERS:
+                raise Refused(429, f"prefill serves {limits.MAX_DECODE_PEERS} decode peers already")
+            if sum(p.num_pages for p in live) + reg.num_pages > limits.MAX_TOTAL_PEER_PAGES:
+                raise Refused(429, "decode peers' KV pools exceed what this prefill describes")
+            if reg.agent in self.registering:
+                raise Refused(409, "this agent is being registered already; retry")
+            if len(self.registering) >= limits.PEER_REGISTRATIONS_QUEUED:
+                raise Refused(429, "too many decode registrations at once; retry")
+            self.registering.add(reg.agent)
+        try:
+            async with self.peer_slots:
+                try:
+                    await asyncio.to_thread(self._load_peer, reg)
+                except TransferError as exc:
+                    raise Refused(400, str(exc), reason="transfer_error") from exc
+            peer = Peer(reg.pod_hint, reg.address, reg.incarnation, reg.ip)
+            with self.lock:
+                replaced = [
+                    a
+                    for a, p in self.peers.items()
+                    if a != reg.agent and p.peer.address == reg.address and not p.dead
+                ]
+                self.peers[reg.agent] = DecodePeer(reg.agent, peer, reg.num_pages, mono())
+        finally:
+            with self.lock:
+                self.registering.discard(reg.agent)
+        for other in replaced:
+            self._peer_lost(other, f"replaced by new incarnation {reg.incarnation}")
+        log.info("registered decode peer %s (%s)", reg.agent, reg.address)
+
+    def _load_peer(self, reg: PeerRegistration) -> None:
+        """Build the descriptors and hand NIXL the metadata (a thread: both can be slow)."""
+        descs = reg.page_descs()
+        try:
+            self.transport.add_peer(reg.agent, reg.metadata, descs, reg.mem_type)
+        except TransferError:
+            raise
+        except Exception as exc:
+            if type(exc).__module__.startswith("nixl"):  # NIXL refused the bytes: bad input
+                raise TransferError(f"NIXL refused the metadata: {type(exc).__name__}") from exc
+            raise
+
+    def register_room(self, agent: str, caller_ip: str, room: int, pages: list[int]) -> str:
+        """Attach decode's pages to a room: "bound", or "pending" until prefill sees the
+        request. The first decode to bind a room owns it; nobody else can re-bind it."""
+        now = mono()
+        with self.lock:
+            peer = self._caller_owns(agent, caller_ip)
+            if peer is None or peer.dead:
+                raise Refused(409, "unknown decode peer; register first", reason="peer_lost")
+            if any(p >= peer.num_pages for p in pages):
+                raise Refused(400, "decode page index out of range", reason="transfer_error")
+            peer.last_seen = now
+            owner = self.bindings.get(room) or self.pending_bindings.get(room)
+            if owner is not None and owner.agent != agent:
+                raise Refused(409, "room is bound to another decode", reason="aborted")
+            if room in self.bindings:
+                raise Refused(409, "room already registered", reason="aborted")
+            if room not in self.work:
+                if owner is None:
+                    if len(self.pending_bindings) >= limits.MAX_PENDING_BINDINGS:
+                        raise Refused(429, "too many rooms wait for their prefill request")
+                    self.pending_bindings[room] = Binding(agent, pages, now)
+                return "pending"
+        entry = self.table.get(room)
+        if entry is None or entry.terminal:
+            reason = entry.reason if entry and entry.reason else "aborted"
+            raise Refused(410, "room already finished", reason=reason)
+        problem = self._bind(room, Binding(agent, pages, now))
+        if problem:
+            self.table.fail(room, "transfer_error", mono(), problem)
+            raise Refused(400, problem, reason="transfer_error")
+        return "bound"
+
+    async def abort_from_decode(self, agent: str, caller_ip: str, room: int) -> bool:
+        """Decode's ABORT of a room it bound; True once no WRITE into its pages is in flight."""
+        with self.lock:
+            self._caller_owns(agent, caller_ip)
+            bound, pending = self.bindings.get(room), self.pending_bindings.get(room)
+            if bound is not None and bound.agent == agent:
+                del self.bindings[room]  # no write may start into decode's pages from now on
+            elif pending is not None and pending.agent == agent:
+                del self.pending_bindings[room]
+            else:
+                raise Refused(404, "this decode has no room with that id")
+            work = self.work.get(room)
+            if work is not None:
+                work.decode_aborted = True
+        if not self.table.fail(room, "aborted", mono(), "aborted by decode") and work is None:
+            self.table.tombstone(room, "aborted", "aborted by decode before prefill saw it")
+        # Writes into decode's pages are counted by transfer threads; poll them with a deadline.
+        return work is None or await wait_until(
+            lambda: not work.writing, self.cfg.transfer_timeout + 1, interval=0.002
+        )
+
+    def heartbeat(self, agent: str, caller_ip: str) -> bool:
+        """Refresh a live peer; False if this prefill does not know it (decode re-registers)."""
+        with self.lock:
+            peer = self._caller_owns(agent, caller_ip)
+            if peer is None or peer.dead:
+                return False
+            peer.last_seen = mono()
+            return True

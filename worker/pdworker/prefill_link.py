@@ -5,22 +5,39 @@ geometry as plain data), registers each room's destination pages, sends acknowle
 heart-beats every known prefill: repeated failures, a new prefill incarnation, or a prefill that
 no longer knows this decode all count as losing the peer, and its rooms fail at once instead of
 waiting out a timeout.
+
+Trust: decode talks only to bootstrap endpoints given as IP literals (nothing is resolved),
+allowed by `--prefill-allow` when that is set, and that prove they hold this deployment's
+bootstrap key (`GET /bootstrap/info?nonce=`, answered with an HMAC bound to the address asked)
+before decode sends its key, its NIXL metadata or the address of its KV pool. Redirects are not
+followed, answers are read under a cap, connections leave from this pod's own address (the
+prefill binds a peer to it), and at most MAX_PREFILL_LINKS links are kept (least recently used
+idle ones are dropped).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import hmac
+import ipaddress
+import json
 import logging
+import secrets
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
+from pdworker import handshake as hs
+from pdworker import limits
 from pdworker.config import WorkerConfig
 from pdworker.contract import FAILURE_REASONS
+from pdworker.handshake import AUTH_SCHEME, Refused, format_address, info_proof, parse_ip
 from pdworker.model import KVPool
+from pdworker.server import BadRequest
 from pdworker.transfer import Transport
 
 log = logging.getLogger(__name__)
@@ -29,10 +46,56 @@ log = logging.getLogger(__name__)
 class PeerError(Exception):
     """Talking to prefill failed; `reason` is the room's failure reason."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: str, detail: str, *, untrusted: bool = False) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
+        self.untrusted = untrusted  # the endpoint is not a prefill of this deployment
+
+
+Allowed = ipaddress.IPv4Network | ipaddress.IPv6Network | tuple[str, int]
+
+
+def parse_allow(entries: tuple[str, ...]) -> list[Allowed]:
+    """`--prefill-allow` entries: `ip:port` or a network; ValueError names a bad entry."""
+    out: list[Allowed] = []
+    for raw in entries:
+        entry = raw.strip()
+        try:
+            host, sep, port = entry.rpartition(":")
+            if "/" in entry or not sep or (host.count(":") and not host.endswith("]")):
+                out.append(ipaddress.ip_network(entry, strict=False))
+                continue
+            out.append((parse_ip(host.strip("[]")), int(port)))
+        except (ValueError, BadRequest):
+            raise ValueError(
+                f"--prefill-allow: {entry!r} is neither ip:port nor a network"
+            ) from None
+    return out
+
+
+def endpoint(host: Any, port: Any, allow: list[Allowed]) -> str:
+    """The canonical `ip:port` of a bootstrap endpoint named in /generate; BadRequest (400) or
+    Refused (403) for anything decode must not contact."""
+    if not isinstance(host, str) or not 0 < len(host) <= 64:
+        raise BadRequest("bootstrap_host must be an IP address")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise BadRequest("bootstrap_port must be an integer in [1, 65535]")
+    ip = parse_ip(host)
+    if allow and not any(
+        (a == (ip, port)) if isinstance(a, tuple) else ipaddress.ip_address(ip) in a for a in allow
+    ):
+        raise Refused(403, f"bootstrap endpoint {format_address(ip, port)} is not allowed here")
+    return format_address(ip, port)
+
+
+def _source_address(host: str) -> tuple[str, int] | None:
+    """Leave from this pod's own IP (the prefill checks it), unless bound to a wildcard."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return None if ip.is_unspecified else (str(ip), 0)
 
 
 @dataclass
@@ -60,11 +123,31 @@ class PrefillLinks:
         self.transport = transport
         self.pool = pool
         self.on_lost = on_lost
-        self.links: dict[str, PrefillLink] = {}
+        self.allow = parse_allow(cfg.prefill_allow)
+        self.links: OrderedDict[str, PrefillLink] = OrderedDict()
         self.session: aiohttp.ClientSession | None = None
+        self.probes = asyncio.Semaphore(limits.PREFILL_PROBES_AT_ONCE)
+        self.in_use: Callable[[str], bool] = lambda _address: False
 
     async def start(self) -> None:
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        connector = aiohttp.TCPConnector(local_addr=_source_address(self.cfg.host))
+        self.session = aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=10)
+        )
+
+    def admit(self, address: str) -> None:
+        """Make room for a link to `address`: Refused (429) when every link is busy."""
+        if address in self.links:
+            self.links.move_to_end(address)
+            return
+        while len(self.links) >= limits.MAX_PREFILL_LINKS:
+            idle = next(
+                (a for a, k in self.links.items() if not k.lock.locked() and not self.in_use(a)),
+                None,
+            )
+            if idle is None:
+                raise Refused(429, f"decode is linked to {len(self.links)} prefills, all busy")
+            del self.links[idle]
 
     async def close(self) -> None:
         if self.session is not None:
@@ -73,27 +156,58 @@ class PrefillLinks:
     async def post(
         self, address: str, path: str, body: dict[str, Any], limit_s: float
     ) -> tuple[int, Any]:
-        assert self.session is not None
+        assert self.session is not None and self.cfg.bootstrap_token is not None
         async with self.session.post(
-            f"http://{address}{path}", json=body, timeout=aiohttp.ClientTimeout(total=limit_s)
+            f"http://{address}{path}",
+            json=body,
+            headers={"Authorization": AUTH_SCHEME + self.cfg.bootstrap_token},
+            timeout=aiohttp.ClientTimeout(total=limit_s),
+            allow_redirects=False,
         ) as resp:
-            try:
-                data = await resp.json(content_type=None)
-            except ValueError:
-                data = {}
-            return resp.status, data
+            return resp.status, await _read_json(resp)
 
     async def ensure(self, address: str) -> PrefillLink:
+        self.admit(address)
         link = self.links.setdefault(address, PrefillLink(address))
+        try:
+            return await self._ensure(link)
+        except PeerError:
+            if not link.registered and self.links.get(address) is link:
+                del self.links[address]  # a failed probe leaves nothing behind
+            raise
+
+    async def _ensure(self, link: PrefillLink) -> PrefillLink:
+        address = link.address
         async with link.lock:
             if link.registered:
                 return link
             assert self.session is not None
+            token = self.cfg.bootstrap_token
+            if token is None:
+                raise PeerError("transfer_error", "decode has no bootstrap token configured")
+            nonce = secrets.token_hex(16)
             try:
-                async with self.session.get(
-                    f"http://{address}/bootstrap/info", timeout=aiohttp.ClientTimeout(total=5)
-                ) as resp:
-                    info = await resp.json()
+                async with (
+                    self.probes,
+                    self.session.get(
+                        f"http://{address}{hs.INFO_PATH}",
+                        params={"nonce": nonce},
+                        timeout=aiohttp.ClientTimeout(total=5),
+                        allow_redirects=False,
+                    ) as resp,
+                ):
+                    info = await _read_json(resp)
+                proof = info.get("proof")
+                if (
+                    resp.status != 200
+                    or not isinstance(proof, str)
+                    or not hmac.compare_digest(proof, info_proof(token, nonce, address))
+                ):
+                    raise PeerError(
+                        "transfer_error",
+                        f"{address} is not a prefill of this deployment (no proof of the key)",
+                        untrusted=True,
+                    )
                 if info.get("layout") != self.cfg.model.layout():
                     raise PeerError("transfer_error", f"KV layout mismatch with prefill {address}")
                 body = {
@@ -111,7 +225,7 @@ class PrefillLinks:
                         "mem_type": self.pool.mem_type,
                     },
                 }
-                status, data = await self.post(address, "/bootstrap/peer", body, 10)
+                status, data = await self.post(address, hs.PEER_PATH, body, 10)
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 raise PeerError("peer_lost", f"prefill {address} unreachable: {exc!r}") from exc
             if status != 200:
@@ -127,7 +241,7 @@ class PrefillLinks:
         body = {"room": room, "agent": self.transport.name, "pages": pages}
         for attempt in range(2):
             try:
-                status, data = await self.post(link.address, "/bootstrap/room", body, 5)
+                status, data = await self.post(link.address, hs.ROOM_PATH, body, 5)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise PeerError(
                     "peer_lost", f"prefill {link.address} unreachable: {exc!r}"
@@ -136,7 +250,7 @@ class PrefillLinks:
                 return
             if status == 409 and data.get("reason") == "peer_lost" and attempt == 0:
                 self.lost(link, "prefill does not know this decode")
-                link = await self.ensure(link.address)
+                link = await self._ensure(link)
                 continue
             reason = (
                 data.get("reason") if data.get("reason") in FAILURE_REASONS else "transfer_error"
@@ -148,7 +262,7 @@ class PrefillLinks:
         try:
             await self.post(
                 address,
-                "/bootstrap/abort",
+                hs.ABORT_PATH,
                 {"room": room, "agent": self.transport.name},
                 self.cfg.abort_ack_timeout,
             )
@@ -169,7 +283,7 @@ class PrefillLinks:
                 try:
                     status, data = await self.post(
                         link.address,
-                        "/bootstrap/heartbeat",
+                        hs.HEARTBEAT_PATH,
                         {"agent": self.transport.name},
                         min(3.0, self.cfg.heartbeat_interval * 2),
                     )
@@ -185,3 +299,15 @@ class PrefillLinks:
                     self.lost(link, "prefill restarted (new incarnation)")
                 elif not data.get("known"):
                     self.lost(link, "prefill dropped this decode")
+
+
+async def _read_json(resp: aiohttp.ClientResponse) -> dict[str, Any]:
+    """A JSON object answer read under a cap; {} for anything else."""
+    raw = await resp.content.read(limits.BOOTSTRAP_INFO_BYTES + 1)
+    if len(raw) > limits.BOOTSTRAP_INFO_BYTES:
+        return {}
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -20,7 +20,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdworker.contract import FAILURE_REASONS, KVPoll
+from pdworker.contract import (
+    FAILURE_REASONS,
+    ROOM_PEER_POD_HINT,
+    ROOM_PEER_VERIFIED_IP,
+    KVPoll,
+)
 
 TERMINAL = frozenset({KVPoll.Failed, KVPoll.Success})
 
@@ -46,14 +51,24 @@ class RoomRejected(Exception):
 
 @dataclass(frozen=True)
 class Peer:
-    """The other side of a room: which pod, where, and which process incarnation."""
+    """The other side of a room: which pod, where, and which process incarnation.
+
+    `ip` is what this worker verified (the TCP peer of an authenticated handshake); `pod` is the
+    peer's own word, a hint for people that must never choose whom the operator acts on.
+    """
 
     pod: str
     address: str
     incarnation: str
+    ip: str = ""
 
     def as_dict(self) -> dict[str, str]:
-        return {"pod": self.pod, "address": self.address, "incarnation": self.incarnation}
+        return {
+            ROOM_PEER_POD_HINT: self.pod,
+            "address": self.address,
+            "incarnation": self.incarnation,
+            ROOM_PEER_VERIFIED_IP: self.ip,
+        }
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The router: one POST /generate per client request, dispatched to a prefill and a decode.
 
-Like SGLang's routers it picks a random 63-bit bootstrap room and calls prefill and decode
+Like SGLang's routers it picks a random 63-bit bootstrap room (from `secrets`, so nobody can
+predict another request's room) and calls prefill and decode
 concurrently (awaiting prefill first deadlocks by construction: prefill waits for decode's
 handshake). It returns decode's answer. A client that disconnects cancels both legs, which the
 workers see as an abort of the room.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import secrets
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -18,11 +20,12 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
+from pdworker import limits
 from pdworker.config import parse_ids, parse_positive_int
 from pdworker.contract import FAILURE_REASONS
 from pdworker.discovery import Discovery
 from pdworker.metrics import WorkerMetrics
-from pdworker.server import BadRequest, error, read_json
+from pdworker.server import BadRequest, client_error, error, read_json
 
 log = logging.getLogger(__name__)
 PREFILL_GRACE_S = 5.0
@@ -49,7 +52,7 @@ class Router:
             await self.session.close()
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=limits.GENERATE_BODY_BYTES)
         app.router.add_post("/generate", self.handle_generate)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._health)
@@ -97,9 +100,9 @@ class Router:
             if "input_ids" not in body and isinstance(body.get("text"), str):
                 body["input_ids"] = list(body["text"].encode())
             ids = parse_ids(body.get("input_ids"))
-            max_new = parse_positive_int(body, "max_new_tokens", 16, 4096)
+            max_new = parse_positive_int(body, "max_new_tokens", 16, limits.MAX_NEW_TOKENS)
         except BadRequest as exc:
-            return error(400, str(exc))
+            return client_error(exc)
         prefills, decodes = self.discovery.prefill(), self.discovery.decode()
         if not prefills or not decodes:
             return error(503, "no ready prefill or decode endpoint", reason="aborted")
@@ -111,7 +114,7 @@ class Router:
             return error(
                 503, f"prefill {prefill} has no bootstrap info: {exc!r}", reason="peer_lost"
             )
-        room = random.getrandbits(63)
+        room = secrets.randbits(63)  # unguessable: a room id must not be predictable
         started = time.monotonic()
         p_task = asyncio.create_task(
             self._call(f"{prefill}/generate", {"bootstrap_room": room, "input_ids": ids})

@@ -80,7 +80,11 @@ async def run_worker(cfg: WorkerConfig, nixl_backend: str = "UCX") -> None:
     app.router.add_get("/info", info)
     sites = [(app, cfg.host, cfg.port)]
     if cfg.role == "prefill":
-        sites.append((worker.bootstrap_app(), cfg.host, cfg.bootstrap_port))
+        from pdworker.bootstrap import BootstrapServer
+
+        sites.append(
+            (BootstrapServer(worker, cfg.bootstrap_token).app(), cfg.host, cfg.bootstrap_port)
+        )
     await serve_until_stopped(sites, asyncio.Event(), on_stop=worker.stop)
 
 

@@ -20,13 +20,18 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from pdworker import contract as c
+from pdworker import limits
 
 log = logging.getLogger(__name__)
-MAX_ROOMS_PER_CALL = 100_000
+MAX_ROOMS_PER_CALL = limits.MAX_ROOMS_PER_CALL
 
 
 class BadRequest(Exception):
     """A request body that cannot be accepted; the message is returned to the caller."""
+
+
+class TooLarge(BadRequest):
+    """A request body over its endpoint's cap (413)."""
 
 
 @dataclass(frozen=True)
@@ -46,10 +51,13 @@ def parse_room(value: Any) -> int:
     """A bootstrap room: a 63-bit non-negative integer (as a JSON number or decimal string)."""
     if isinstance(value, bool):
         raise BadRequest(f"room must be an integer, got {value!r}")
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str):
+        # ASCII digits only: "²".isdigit() is True but int("²") raises.
+        if not (0 < len(value) <= 19 and value.isascii() and value.isdigit()):
+            raise BadRequest(f"room must be an integer in [0, 2**63), got {value[:40]!r}")
         value = int(value)
     if not isinstance(value, int) or not 0 <= value < 2**63:
-        raise BadRequest(f"room must be an integer in [0, 2**63), got {value!r}")
+        raise BadRequest(f"room must be an integer in [0, 2**63), got {str(value)[:40]!r}")
     return value
 
 
@@ -80,15 +88,13 @@ def parse_fail_body(body: Any) -> FailSelector:
     return FailSelector(peer_incarnation=value)
 
 
-def load_token(path: str | None) -> str | None:
+def load_token(path: str | None, what: str = "admin") -> str | None:
     if not path:
         return None
     try:
         token = Path(path).read_text().strip()
     except OSError as exc:
-        log.warning(
-            "admin token file %s unreadable (%s): the admin API refuses all calls", path, exc
-        )
+        log.warning("%s token file %s unreadable (%s): %s calls are refused", what, path, exc, what)
         return None
     return token or None
 
@@ -108,11 +114,41 @@ def error(status: int, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": message, **extra}, status=status)
 
 
-async def read_json(request: web.Request) -> Any:
+async def read_body(request: web.Request, max_bytes: int) -> bytes:
+    """The raw body, refused (TooLarge) as soon as it passes `max_bytes`: never buffered whole."""
+    declared = request.content_length
+    if declared is not None and declared > max_bytes:
+        raise TooLarge(f"body of {declared} bytes is over this endpoint's limit of {max_bytes}")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await request.content.read(64 * 1024)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > max_bytes:
+            raise TooLarge(f"body is over this endpoint's limit of {max_bytes} bytes")
+        chunks.append(chunk)
+
+
+def parse_json(raw: bytes) -> Any:
     try:
-        return await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"body is not valid JSON: {exc}") from exc
+        return json.loads(raw)
+    # ValueError: also an integer literal over Python's digit limit; RecursionError: deep nesting.
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"body is not valid JSON: {str(exc)[:200]}") from None
+
+
+async def read_json(request: web.Request, max_bytes: int = limits.GENERATE_BODY_BYTES) -> Any:
+    """Read and parse a JSON body under a cap; a large body is parsed off the event loop."""
+    raw = await read_body(request, max_bytes)
+    if len(raw) > limits.PARSE_INLINE_BYTES:
+        return await asyncio.to_thread(parse_json, raw)
+    return parse_json(raw)
+
+
+def client_error(exc: BadRequest) -> web.Response:
+    return error(413 if isinstance(exc, TooLarge) else 400, str(exc))
 
 
 def admin_guard(
@@ -136,7 +172,7 @@ def admin_guard(
             try:
                 return await handler(request)
             except BadRequest as exc:
-                return error(400, str(exc))
+                return client_error(exc)
 
         return guarded
 
@@ -151,7 +187,8 @@ def worker_app(
     token: str | None,
     extra_admin: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] | None = None,
 ) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    # Each handler reads its own body under its own cap (read_json); this is the ceiling.
+    app = web.Application(client_max_size=limits.GENERATE_BODY_BYTES)
     guard = admin_guard(token)
 
     async def metrics(_: web.Request) -> web.Response:
@@ -168,7 +205,7 @@ def worker_app(
         return web.json_response(admin.list_rooms())
 
     async def fail(request: web.Request) -> web.Response:
-        selector = parse_fail_body(await read_json(request))
+        selector = parse_fail_body(await read_json(request, limits.ADMIN_BODY_BYTES))
         failed = await admin.fail_rooms(selector)
         return web.json_response({"failed": failed})
 

@@ -26,6 +26,7 @@ Obj = dict[str, Any]
 WORKER_PORT = 8000
 ADMIN_TOKEN_KEY = "token"
 ADMIN_TOKEN_DIR = "/var/run/pdwarden/admin"
+BOOTSTRAP_TOKEN_DIR = "/var/run/pdwarden/bootstrap"
 DEFAULT_PDWORKER_IMAGE = f"pdwarden/pdworker:{__version__}"
 
 
@@ -55,6 +56,7 @@ class Names:
     router: str
     admin_secret: str
     decode_pdb: str
+    bootstrap_secret: str
     router_account: str
 
     def for_role(self, role: str) -> str:
@@ -70,6 +72,7 @@ def names(deployment: str) -> Names:
         admin_secret=f"{deployment}-admin",
         decode_pdb=f"{deployment}-decode",
         router_account=f"{deployment}-router",
+        bootstrap_secret=f"{deployment}-bootstrap",
     )
 
 

@@ -25,13 +25,13 @@ from pdwarden.render.common import (
     names,
     selector_labels,
 )
-from pdwarden.render.engines import router_launch, worker_launch
+from pdwarden.render.engines import needs_admin_token, router_launch, worker_launch
 from pdwarden.render.network import worker_network_policy
 from pdwarden.render.pods import pod_template
 
 
 def render_deployment(owner: Owner, spec: PDDeploymentSpec) -> list[Obj]:
-    """Every object the PDDeployment owns except the admin Secret (see `admin_secret`)."""
+    """Every object the PDDeployment owns except the token Secrets (see `admin_secret`)."""
     n = names(owner.name)
     objects: list[Obj] = []
     for role in (ROLE_PREFILL, ROLE_DECODE):
@@ -47,10 +47,19 @@ def render_deployment(owner: Owner, spec: PDDeploymentSpec) -> list[Obj]:
 
 def admin_secret(owner: Owner, token: str) -> Obj:
     """The per-deployment Secret with the workers' admin token; created once, never rotated here."""
+    return _token_secret(owner, names(owner.name).admin_secret, token)
+
+
+def bootstrap_secret(owner: Owner, token: str) -> Obj:
+    """The per-deployment Secret with the KV-handshake key prefill and decode share."""
+    return _token_secret(owner, names(owner.name).bootstrap_secret, token)
+
+
+def _token_secret(owner: Owner, name: str, token: str) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": metadata(owner, names(owner.name).admin_secret),
+        "metadata": metadata(owner, name),
         "type": "Opaque",
         "data": {ADMIN_TOKEN_KEY: base64.b64encode(token.encode()).decode()},
     }
@@ -88,7 +97,8 @@ def _stateful_set(owner: Owner, role: str, spec: PDDeploymentSpec) -> Obj:
         settings=pool,
         launch=worker_launch(spec, role),
         gpus=pool.gpus,
-        admin_secret=n.admin_secret,
+        admin_secret=n.admin_secret if needs_admin_token(spec, role) else None,
+        bootstrap_secret=n.bootstrap_secret if spec.engine == "pdworker" else None,
     )
     template_hash = content_hash(template)
     template["metadata"]["annotations"][ANNOTATION_TEMPLATE_HASH] = template_hash

@@ -11,8 +11,19 @@ from dataclasses import dataclass, field
 
 from pdwarden.api import PDDeploymentSpec
 from pdwarden.constants import LABEL_DEPLOYMENT, LABEL_ROLE, ROLE_DECODE, ROLE_PREFILL
-from pdwarden.render.common import ADMIN_TOKEN_DIR, ADMIN_TOKEN_KEY, WORKER_PORT, Owner
-from pdworker.contract import ADMIN_TOKEN_FILE_ENV
+from pdwarden.render.common import (
+    ADMIN_TOKEN_DIR,
+    ADMIN_TOKEN_KEY,
+    BOOTSTRAP_TOKEN_DIR,
+    WORKER_PORT,
+    Owner,
+)
+from pdworker.contract import (
+    ADMIN_TOKEN_FILE_ENV,
+    BOOTSTRAP_TOKEN_FILE_ENV,
+    FAULT_DECODE_STALL,
+    FAULTS_ENV,
+)
 
 # sgl-router's Kubernetes discovery reads a prefill pod's bootstrap port from this annotation.
 SGLANG_BOOTSTRAP_ANNOTATION = "sglang.ai/bootstrap-port"
@@ -35,10 +46,21 @@ def worker_launch(spec: PDDeploymentSpec, role: str) -> Launch:
     command = ["pdworker", role, "--port", str(WORKER_PORT)]
     if role == ROLE_PREFILL:
         command += ["--bootstrap-port", str(spec.transfer.bootstrap_port)]
-    return Launch(
-        command=[*command, *pool.args],
-        env={ADMIN_TOKEN_FILE_ENV: f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}"},
-    )
+    env = {BOOTSTRAP_TOKEN_FILE_ENV: f"{BOOTSTRAP_TOKEN_DIR}/{ADMIN_TOKEN_KEY}"}
+    if needs_admin_token(spec, role):
+        env[ADMIN_TOKEN_FILE_ENV] = f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}"
+    return Launch(command=[*command, *pool.args], env=env)
+
+
+def needs_admin_token(spec: PDDeploymentSpec, role: str) -> bool:
+    """Only what a role uses: the operator calls prefill's admin API; decode's is used only to
+    trigger the decode-stall fault on purpose, so only a decode with that fault armed gets it."""
+    if role == ROLE_PREFILL:
+        return True
+    if role != ROLE_DECODE or spec.engine != "pdworker":
+        return False
+    faults = [e.value or "" for e in spec.decode.env if e.name == FAULTS_ENV]
+    return any(FAULT_DECODE_STALL in text for text in [*faults, *spec.decode.args])
 
 
 def router_launch(spec: PDDeploymentSpec, owner: Owner) -> Launch:

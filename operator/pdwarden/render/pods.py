@@ -14,6 +14,7 @@ from pdwarden.api.pools import GPU_RESOURCE, PodSettings
 from pdwarden.constants import CONDITION_SERVING, ROLE_DECODE
 from pdwarden.render.common import (
     ADMIN_TOKEN_DIR,
+    BOOTSTRAP_TOKEN_DIR,
     DEFAULT_PDWORKER_IMAGE,
     WORKER_PORT,
     Obj,
@@ -77,8 +78,10 @@ def pod_template(
     gpus: int,
     admin_secret: str | None,
     service_account: str | None = None,
+    bootstrap_secret: str | None = None,
 ) -> Obj:
-    """The pod template of one role. `admin_secret` mounts the worker admin token when given."""
+    """The pod template of one role. `admin_secret` mounts the worker admin token when given,
+    `bootstrap_secret` the deployment's KV-handshake key."""
     container: Obj = {
         "name": role,
         "image": image_of(spec),
@@ -110,6 +113,16 @@ def pod_template(
         )
         container["volumeMounts"].append(
             {"name": "admin-token", "mountPath": ADMIN_TOKEN_DIR, "readOnly": True}
+        )
+    if bootstrap_secret:
+        volumes.append(
+            {
+                "name": "bootstrap-token",
+                "secret": {"secretName": bootstrap_secret, "defaultMode": 0o440},
+            }
+        )
+        container["volumeMounts"].append(
+            {"name": "bootstrap-token", "mountPath": BOOTSTRAP_TOKEN_DIR, "readOnly": True}
         )
     pod_spec: Obj = {
         "containers": [container],

@@ -1,0 +1,169 @@
+"""Detection on stock SGLang: wedge = a queue without progress, never a queue alone.
+
+Every sample here is parsed from a /metrics body in SGLang's real exposition format (see
+sglang_bodies.py: prometheus-client multiprocess output with sglang 0.5.23's names and labels,
+two DP ranks, priority scheduling). The engine is simulated: the numbers follow what the
+source says moves when (`realtime_tokens_total{mode="decode"}` per decode step,
+`generation_tokens_total` and `num_requests_total` only when a request finishes,
+`per_stage_req_latency_seconds{stage=...}` once per room leaving a transfer queue).
+Scrapes every 5 s, wedgeAfterSeconds 60, as in the default spec.
+"""
+
+from __future__ import annotations
+
+from sglang_bodies import series
+
+from pdwarden.detection import PodView, detect
+
+WEDGE_AFTER = 60.0
+TEN_MINUTES = 121  # samples 5 s apart
+
+
+def pod(name: str, role: str, history: tuple, stale: bool = False) -> PodView:  # type: ignore[type-arg]
+    return PodView(name, role, f"uid-{name}", history, None, stale)
+
+
+def idle_prefill(n: int) -> PodView:
+    return pod("p-0", "prefill", series("prefill", n, prefill_tokens=5000, sent=40, finished=40))
+
+
+def judge_every_cycle(*pods: PodView) -> list[tuple[int, str, str]]:
+    """detect() as the operator runs it: after every scrape, on the history so far."""
+    n = len(pods[0].history)
+    found = []
+    for i in range(2, n + 1):
+        views = [PodView(p.name, p.role, p.uid, p.history[:i], None, p.stale) for p in pods]
+        found += [(i, f.pod, f.reason) for f in detect(views, WEDGE_AFTER).findings]
+    return found
+
+
+# -- false positives that SGLang's real semantics would cause ------------------------------
+
+
+def test_healthy_decode_with_four_long_requests_for_ten_minutes() -> None:
+    """800 tok/s for four requests that never finish inside the window: the finish-only
+    counters (generation_tokens_total, num_requests_total) stay flat for all ten minutes."""
+    decode = pod("d-0", "decode", series(
+        "decode", TEN_MINUTES, running=4, prealloc=0, transfer=0, throughput=800.0,
+        decode_tokens=lambda i: 1_000_000 + 4000 * i, generation_tokens_total=8080,
+        finished=120, arrived=150,
+    ))  # fmt: skip
+    assert judge_every_cycle(idle_prefill(TEN_MINUTES), decode) == []
+    d = detect([idle_prefill(TEN_MINUTES), decode], WEDGE_AFTER)
+    assert d.healthy_decodes == {"d-0"}
+
+
+def test_healthy_decode_between_throughput_reports() -> None:
+    """gen_throughput is refreshed only every decode_log_interval steps; per-step tokens are
+    what proves progress when it reads 0 (e.g. after the 30 s staleness decay)."""
+    decode = pod("d-0", "decode", series(
+        "decode", 30, running=4, throughput=0.0, decode_tokens=lambda i: 500 + 40 * i,
+    ))  # fmt: skip
+    assert judge_every_cycle(idle_prefill(30), decode) == []
+
+
+def test_saturated_healthy_prefill_whose_inflight_gauge_never_reaches_zero() -> None:
+    prefill = pod("p-0", "prefill", series(
+        "prefill", TEN_MINUTES, inflight=lambda i: 2 + i % 5, bootstrap=3, waiting=4, running=2,
+        sent=lambda i: 100 + 30 * i, finished=lambda i: 100 + 30 * i,
+        prefill_tokens=lambda i: 10**6 + 50_000 * i,
+    ))  # fmt: skip
+    decode = pod("d-0", "decode", series(
+        "decode", TEN_MINUTES, running=32, transfer=lambda i: 1 + i % 3, prealloc=2,
+        throughput=2500.0, decode_tokens=lambda i: 12_500 * i, arrived=lambda i: 30 * i,
+    ))  # fmt: skip
+    assert judge_every_cycle(prefill, decode) == []
+
+
+def test_prefill_rooms_waiting_for_a_busy_decode_short_of_kv_slots() -> None:
+    """Optimistic prefill parks rooms until decode allocates: backpressure, not a wedge."""
+    prefill = pod("p-0", "prefill", series(
+        "prefill", 40, inflight=3, sent=500, finished=500, prefill_tokens=10**6,
+    ))  # fmt: skip
+    decode = pod("d-0", "decode", series(
+        "decode", 40, running=64, prealloc=3, throughput=3000.0,
+        decode_tokens=lambda i: 15_000 * i,
+    ))  # fmt: skip
+    assert judge_every_cycle(prefill, decode) == []
+
+
+def test_decode_waiting_for_a_long_prefill_is_not_stalled() -> None:
+    """The decode's transfer queue waits while the prefill still computes a long prompt."""
+    prefill = pod("p-0", "prefill", series(
+        "prefill", 40, running=1, inflight=0, prefill_tokens=lambda i: 8192 * i,
+    ))  # fmt: skip
+    decode = pod("d-0", "decode", series("decode", 40, running=0, transfer=1, throughput=0.0))
+    assert judge_every_cycle(prefill, decode) == []
+
+
+# -- the wedges ----------------------------------------------------------------------------
+
+
+def test_prefill_whose_inflight_rooms_stop_draining_while_decode_is_idle() -> None:
+    """Healthy for a minute, then three rooms stay in the inflight queue and nothing leaves."""
+    n = 40
+    sent = [100 + 10 * i for i in range(12)] + [210] * (n - 12)
+    prefill = pod("p-0", "prefill", series(
+        "prefill", n, inflight=[2] * 12 + [3] * (n - 12), sent=sent, finished=sent,
+        prefill_tokens=[5000 * i for i in range(12)] + [55_000] * (n - 12),
+    ))  # fmt: skip
+    decode = pod("d-0", "decode", series(
+        "decode", n, running=0, transfer=0, prealloc=0, throughput=0.0, decode_tokens=77_000,
+    ))  # fmt: skip
+    found = judge_every_cycle(prefill, decode)
+    # Last room left at sample 12 (t=55 s); the window of 60 s without any drain ends at 24.
+    assert found[0] == (24, "p-0", "InflightGaugeStuck")
+    assert {r for _, _, r in found} == {"InflightGaugeStuck"}
+    (f,) = detect([prefill, decode], WEDGE_AFTER).findings
+    assert (f.room_count, f.peer, f.rooms, f.oldest_seconds) == (3, None, (), 60)
+    assert f.evidence == (
+        "inflight queue held >= 3 rooms for 60s and none left it "
+        "(no KV transfer finished or failed); no decode pod is busy with a backlog"
+    )
+    assert detect([prefill, decode], WEDGE_AFTER).wedged_rooms == 3
+
+
+def test_a_failing_transfer_is_a_drain_not_a_wedge() -> None:
+    prefill = pod("p-0", "prefill", series(
+        "prefill", 20, inflight=2, sent=40, finished=40, transfer_failed=lambda i: i // 4,
+    ))  # fmt: skip
+    decode = pod("d-0", "decode", series("decode", 20, throughput=0.0, decode_tokens=1))
+    assert detect([prefill, decode], WEDGE_AFTER).findings == ()
+
+
+def test_no_gauge_finding_while_a_decode_is_unknown() -> None:
+    prefill = pod("p-0", "prefill", series("prefill", 20, inflight=3, sent=40, finished=40))
+    decode = pod("d-0", "decode", series("decode", 20, throughput=0.0), stale=True)
+    d = detect([prefill, decode], WEDGE_AFTER)
+    assert d.findings == () and d.unknown == ("d-0: no fresh metrics",)
+
+
+def test_decode_with_a_transfer_queue_and_zero_throughput() -> None:
+    prefill = idle_prefill(20)
+    decode = pod("d-0", "decode", series(
+        "decode", 20, running=0, transfer=4, throughput=0.0, decode_tokens=77_000, arrived=150,
+        generation_tokens_total=8080,
+    ))  # fmt: skip
+    d = detect([prefill, decode], WEDGE_AFTER)
+    (f,) = d.findings
+    assert (f.reason, f.pod, f.room_count) == ("DecodeStalled", "d-0", 4)
+    assert "transfer queue 4" in f.evidence and "generated tokens flat at 77000" in f.evidence
+    assert d.stalled_decodes == {"d-0"}
+
+
+def test_decode_with_running_requests_and_no_step_progress() -> None:
+    decode = pod("d-0", "decode", series(
+        "decode", 20, running=4, throughput=0.0, decode_tokens=77_000, arrived=lambda i: i,
+    ))  # fmt: skip
+    (f,) = detect([idle_prefill(20), decode], WEDGE_AFTER).findings
+    assert f.reason == "DecodeStalled" and "running 4" in f.evidence
+
+
+def test_a_hung_scheduler_freezes_its_throughput_gauge() -> None:
+    """Gauges are written by the scheduler loop: if it hangs, gen_throughput keeps its last
+    value. The per-step token counter, flat for the window, is what tells."""
+    decode = pod("d-0", "decode", series(
+        "decode", 20, running=4, throughput=800.0, decode_tokens=77_000,
+    ))  # fmt: skip
+    (f,) = detect([idle_prefill(20), decode], WEDGE_AFTER).findings
+    assert f.reason == "DecodeStalled" and "generated tokens flat at 77000" in f.evidence

@@ -1,0 +1,44 @@
+"""Every bound the worker puts on what arrives from the network, in one place.
+
+Why one module: a cap that lives next to the code that enforces it gets changed in one place
+and forgotten in another (the body cap was 64 MiB in three apps). Each number here bounds memory
+or work that a caller, authenticated or not, can make a worker spend; tests import these names
+to probe the edges rather than repeating the numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+KIB: Final = 1024
+MIB: Final = 1024 * KIB
+
+# JSON bodies, per endpoint. /generate carries up to MAX_PROMPT_TOKENS ids of at most 7 digits.
+MAX_PROMPT_TOKENS: Final = 1 << 20
+MAX_NEW_TOKENS: Final = 4096
+GENERATE_BODY_BYTES: Final = 12 * MIB
+ADMIN_BODY_BYTES: Final = 2 * MIB  # /admin/rooms/fail: up to MAX_ROOMS_PER_CALL room ids
+MAX_ROOMS_PER_CALL: Final = 100_000
+BOOTSTRAP_PEER_BODY_BYTES: Final = 512 * KIB  # NIXL metadata (base64) plus a few numbers
+BOOTSTRAP_ROOM_BODY_BYTES: Final = 4 * MIB  # a room's destination page list
+BOOTSTRAP_SMALL_BODY_BYTES: Final = 4 * KIB  # heartbeat and abort
+# Bodies above this are parsed in a thread, so a large one never blocks the event loop.
+PARSE_INLINE_BYTES: Final = 64 * KIB
+
+# The bootstrap server.
+MAX_METADATA_BYTES: Final = 256 * KIB  # NIXL agent metadata (UCX, one pool: ~0.5 KiB)
+MAX_PEER_PAGES: Final = 1 << 18  # pages in one decode pool (descriptors are built per page)
+MAX_DECODE_PEERS: Final = 256  # live decode peers one prefill serves
+MAX_TOTAL_PEER_PAGES: Final = 1 << 21  # pages of all live peers together (NIXL descriptors)
+MAX_PENDING_BINDINGS: Final = 4096  # rooms decode registered before prefill saw the request
+MAX_NAME_CHARS: Final = 253  # agent, pod and incarnation names
+PEER_REGISTRATIONS_AT_ONCE: Final = 2  # descriptor lists being built at the same time
+PEER_REGISTRATIONS_QUEUED: Final = 16  # registrations running or waiting their turn
+
+# Decode's links to prefill bootstrap servers.
+MAX_PREFILL_LINKS: Final = 64
+PREFILL_PROBES_AT_ONCE: Final = 8
+BOOTSTRAP_INFO_BYTES: Final = 64 * KIB  # largest /bootstrap/info answer decode reads
+
+# Rooms a worker holds at once (default of --max-rooms); more is 429.
+DEFAULT_MAX_ROOMS: Final = 4096
