@@ -45,7 +45,7 @@ cluster-down: $(STAMP)  ## stop the local control plane and every process it sta
 	$(BIN)/python -m e2e.cluster down
 
 crd: $(STAMP)  ## regenerate crds/ from the pydantic models
-	$(BIN)/pdwarden crd > crds/pddeployments.pdwarden.dev.yaml
+	$(BIN)/pdwarden crd --out-dir crds
 
 manifests: $(STAMP) cluster-bin  ## render manifests/install.yaml from the Helm chart
 	scripts/render-install.sh manifests/install.yaml

@@ -12,6 +12,9 @@ pdworker           venv        ``pdworker``     same
 python             venv        ``python``       same; ``python``/``python3``/``python3.X`` is the
                                                 venv interpreter itself
 kubectl            kubectl     ``kubectl``      ``kubectl`` is the pinned kubectl (``--kubectl``)
+sglang             sglang-sim  ``python3``      ``python3 -m sglang.launch_server ARGS`` runs the
+                                                SIMULATED SGLang server e2e/sglang_sim.py with the
+                                                same ARGS (no GPU here to run the real one)
 busybox, alpine,   host        ``sh``           the host PATH (for ``sh -c`` glue and tests)
 debian, ubuntu
 =================  ==========  ===============  ===================================================
@@ -35,6 +38,7 @@ IMAGE_TABLE: dict[str, tuple[str, str]] = {
     "pdworker": ("venv", "pdworker"),
     "python": ("venv", "python"),
     "kubectl": ("kubectl", "kubectl"),
+    "sglang": ("sglang-sim", "python3"),
     "busybox": ("host", "sh"),
     "alpine": ("host", "sh"),
     "debian": ("host", "sh"),
@@ -42,6 +46,9 @@ IMAGE_TABLE: dict[str, tuple[str, str]] = {
 }
 
 _PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
+E2E_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SGLANG_SIM = os.path.join(E2E_DIR, "sglang_sim.py")
+SGLANG_SERVER_MODULE = "sglang.launch_server"
 
 
 class ImageNotMapped(Exception):
@@ -81,6 +88,8 @@ def resolve_argv(
     argv = list(command) if command else [runner.entrypoint]
     argv += list(args)
     exe = argv[0]
+    if runner.kind == "sglang-sim":
+        return _sglang_sim_argv(image, argv)
     if "/" in exe:
         return argv
     if runner.kind == "venv" and _PYTHON.match(exe):
@@ -95,3 +104,21 @@ def resolve_argv(
     if not found:
         raise FileNotFoundError(f"{exe!r} not found for image {image!r} (runner {runner.kind})")
     return [found, *argv[1:]]
+
+
+def _sglang_sim_argv(image: str, argv: list[str]) -> list[str]:
+    """`python3 -m sglang.launch_server ARGS` -> the simulator with the same ARGS."""
+    if (
+        len(argv) >= 3
+        and _PYTHON.match(os.path.basename(argv[0]))
+        and argv[1:3]
+        == [
+            "-m",
+            SGLANG_SERVER_MODULE,
+        ]
+    ):
+        return [sys.executable, SGLANG_SIM, *argv[3:]]
+    raise FileNotFoundError(
+        f"image {image!r}: only `python3 -m {SGLANG_SERVER_MODULE}` is simulated locally "
+        f"(e2e/sglang_sim.py), not {' '.join(argv[:3])!r}"
+    )

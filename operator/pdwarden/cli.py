@@ -12,10 +12,28 @@ from pdwarden import run as run_module
 Command = Callable[[argparse.Namespace], int]
 
 
-def _print_crd(_: argparse.Namespace) -> int:
-    from pdwarden.api.crd import render_crd_yaml
+CRD_KINDS = ("PDDeployment", "PDRemediationPolicy")
 
-    sys.stdout.write(render_crd_yaml())
+
+def _print_crd(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pdwarden.api.crd import CRD_FILES
+
+    # CRD_FILES is in CRD_KINDS order; --kind picks one, else every CRD (a multi-document stream
+    # that `kubectl apply -f -` takes as it is).
+    chosen = [render for kind, render in zip(CRD_KINDS, CRD_FILES.values(), strict=True)
+              if args.kind in (None, kind)]  # fmt: skip
+    if args.out_dir is None:
+        sys.stdout.write("---\n".join(render() for render in chosen))
+        return 0
+    out = Path(args.out_dir)
+    if not out.is_dir():
+        print(f"pdwarden crd: {out} is not a directory", file=sys.stderr)
+        return 2
+    for file_name, render in CRD_FILES.items():
+        if render in chosen:
+            (out / file_name).write_text(render())
     return 0
 
 
@@ -74,7 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
     run_module.add_arguments(run)
     run.set_defaults(func=run_module.run)
 
-    crd = sub.add_parser("crd", help="print the PDDeployment CustomResourceDefinition as YAML")
+    crd = sub.add_parser(
+        "crd",
+        help="print the CustomResourceDefinitions as YAML",
+        description="Print pdwarden's CRDs (PDDeployment, PDRemediationPolicy), or write them.",
+    )
+    crd.add_argument("--kind", choices=CRD_KINDS, default=None, help="only this kind's CRD")
+    crd.add_argument(
+        "--out-dir", default=None, help="write <plural>.pdwarden.dev.yaml files here instead"
+    )
     crd.set_defaults(func=_print_crd)
 
     status = sub.add_parser(

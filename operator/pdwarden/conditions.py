@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from pdwarden.api import Condition, ConditionType
+from pdwarden.api.status import MAX_CONDITION_MESSAGE
 
 
 def set_condition(
@@ -29,7 +30,7 @@ def set_condition(
         type=type_,
         status=value,
         reason=reason,
-        message=message[:32768],
+        message=message[:MAX_CONDITION_MESSAGE],
         last_transition_time=since,
         observed_generation=generation,
     )

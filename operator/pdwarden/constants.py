@@ -15,6 +15,17 @@ SINGULAR: Final = "pddeployment"
 SHORT_NAME: Final = "pdd"
 CRD_NAME: Final = f"{PLURAL}.{GROUP}"
 
+# PDRemediationPolicy: remediation for PD pods that pdwarden did not create (issue 14).
+POLICY_KIND: Final = "PDRemediationPolicy"
+POLICY_PLURAL: Final = "pdremediationpolicies"
+POLICY_SINGULAR: Final = "pdremediationpolicy"
+POLICY_SHORT_NAME: Final = "pdrp"
+POLICY_CRD_NAME: Final = f"{POLICY_PLURAL}.{GROUP}"
+# Label a policy sets on the foreign pods it cordons; the user's Service selects value "true".
+LABEL_SERVING: Final = f"{GROUP}/serving"
+SERVING_TRUE: Final = "true"
+SERVING_FALSE: Final = "false"
+
 FIELD_MANAGER: Final = "pdwarden"
 FINALIZER: Final = f"{GROUP}/finalizer"
 ANNOTATION_PREFIX: Final = GROUP
@@ -33,5 +44,12 @@ ROLE_DECODE: Final = "decode"
 ROLE_ROUTER: Final = "router"
 ROLES: Final = (ROLE_PREFILL, ROLE_DECODE, ROLE_ROUTER)
 
-HANDLER_RECONCILE: Final = "reconcile"
-HANDLER_SCRAPE: Final = "scrape"
+# kopf handler ids (kopf keys its progress annotations by them: never rename one lightly).
+HANDLER_RECONCILE: Final = "reconcile"  # create/update/resume of a PDDeployment
+HANDLER_RESYNC: Final = "resync"  # the level-based reconcile daemon
+HANDLER_SCRAPE: Final = "scrape"  # the scrape-detect-remediate daemon
+HANDLER_FORGET: Final = "forget"  # deletion: drop per-object memory
+
+# The HTTP port of every worker container (metrics, admin API, generate); render and scraping
+# both use this one.
+WORKER_PORT: Final = 8000

@@ -1,9 +1,10 @@
 """What the kopf handlers do, as plain async functions (registration lives in main.py).
 
-Why separate: these functions can be imported and called without a kopf registry; they turn
-results into kopf's retry vocabulary, serialize every pass over one object (reconcile and
-remediation both write its status), and remember the last status written so the two writers
-never undo each other with a stale copy.
+Why separate: these functions can be imported and called without a kopf registry (the
+in-process tests in tests/shell do), they turn results into kopf's retry vocabulary, serialize
+every pass over one object (reconcile and remediation both write its status), and contain every
+error: a remediation cycle that fails is counted and logged and the next one runs on time; a
+reconcile pass that fails becomes a kopf retry, never a dead daemon.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,18 +20,14 @@ from typing import Any
 import kopf
 
 from pdwarden import metrics
-from pdwarden.api import (
-    InvalidSpec,
-    PDDeploymentStatus,
-    parse_spec,
-    parse_status,
-    status_to_wire,
-)
-from pdwarden.constants import API_VERSION, KIND
-from pdwarden.k8s import ApiError, KubeClient
-from pdwarden.reconcile import PassResult, TransientError, reconcile, status_from_body
+from pdwarden.api import InvalidSpec, PDDeploymentSpec, parse_spec
+from pdwarden.constants import ANNOTATION_RESET_BREAKER, API_VERSION, KIND
+from pdwarden.k8s import ApiError
+from pdwarden.ports import KubeApi, WorkerApi
+from pdwarden.reconcile import PassResult, TransientError, reconcile
 from pdwarden.remediate import Remediator
 from pdwarden.scraping import WorkerClient
+from pdwarden.status_store import StatusCache, write
 
 log = logging.getLogger("pdwarden.handlers")
 RETRY_DELAY = 5.0
@@ -40,88 +38,137 @@ IDLE_INTERVAL = 5.0
 class OperatorState:
     """Process-wide state kept in kopf's memo: clients, per-object locks, last status written."""
 
-    client: KubeClient
+    client: KubeApi
     token_key: bytes | None = None
     global_dry_run: bool = False
-    workers: WorkerClient = field(default_factory=WorkerClient)
+    workers: WorkerApi = field(default_factory=WorkerClient)
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     known: set[str] = field(default_factory=set)
-    statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
-    remediator: Remediator | None = None
+    statuses: StatusCache = field(init=False)
+    remediator: Remediator = field(init=False)
+    # Finished cycles and passes per object UID (also exported as metrics): progress that a
+    # test can wait for before asserting that nothing happened.
+    cycles: Counter[str] = field(default_factory=Counter)
+    passes: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
+        self.statuses = StatusCache(self.client)
         self.remediator = Remediator(self.client, self.workers, self.token_key)
 
     def lock_for(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())
 
-    def previous_status(self, body: Mapping[str, Any]) -> PDDeploymentStatus:
-        cached = self.statuses.get(body["metadata"]["uid"])
-        return parse_status(cached) if cached is not None else status_from_body(body)
+
+def _labels(body: Mapping[str, Any]) -> tuple[str, str]:
+    meta = body["metadata"]
+    return str(meta["namespace"]), str(meta["name"])
 
 
 async def reconcile_now(
     state: OperatorState, body: Mapping[str, Any], force_apply: bool
 ) -> PassResult:
+    """One reconcile pass; any failure becomes kopf.TemporaryError (retried), counted."""
     uid = body["metadata"]["uid"]
     first_time = uid not in state.known
-    async with state.lock_for(uid):
-        try:
+    try:
+        async with state.lock_for(uid):
+            previous = await state.statuses.current(body)
             result = await reconcile(
                 state.client,
                 body,
                 force_apply=force_apply or first_time,
                 token_key=state.token_key,
-                previous=state.previous_status(body),
+                previous=previous,
             )
-        except TransientError as e:
-            raise kopf.TemporaryError(f"API server error, retrying: {e}", delay=RETRY_DELAY) from e
-        state.statuses[uid] = result.status
+            if result.known is not None:
+                state.statuses.remember(uid, result.known)
+    except (TransientError, ApiError) as e:
+        raise kopf.TemporaryError(f"API server error, retrying: {e}", delay=RETRY_DELAY) from e
+    except Exception as e:
+        metrics.ERRORS.labels("reconcile").inc()
+        metrics.RECONCILES.labels("error").inc()
+        log.exception("%s/%s: reconcile pass failed", *_labels(body))
+        raise kopf.TemporaryError(f"reconcile failed: {e}", delay=RETRY_DELAY) from e
+    finally:
+        state.passes[uid] += 1
+        metrics.RECONCILE_PASSES.labels(*_labels(body)).inc()
     state.known.add(uid)
     metrics.MANAGED.set(len(state.known))
     return result
 
 
-async def remediation_cycle(state: OperatorState, body: Mapping[str, Any]) -> float:
-    """One scrape-detect-remediate cycle; returns the seconds until the next one."""
+def effective_spec(state: OperatorState, body: Mapping[str, Any]) -> PDDeploymentSpec | None:
+    """The spec remediation runs with (global dry run applied), or None if there is nothing to
+    do (an invalid spec, which reconcile reports; or mode Off)."""
     try:
         spec = parse_spec(body.get("spec") or {})
     except InvalidSpec:
-        return IDLE_INTERVAL  # reconcile reports it; nothing to scrape
+        return None
     if state.global_dry_run and spec.remediation.mode == "Enforce":
         spec = spec.model_copy(
             update={"remediation": spec.remediation.model_copy(update={"mode": "DryRun"})}
         )
-    if spec.remediation.mode == "Off":
+    return None if spec.remediation.mode == "Off" else spec
+
+
+async def remediation_cycle(state: OperatorState, body: Mapping[str, Any]) -> float:
+    """One scrape-detect-remediate cycle; returns the seconds until the next one. Never raises
+    (except cancellation): a failed cycle is logged and counted, and the next one runs."""
+    uid = body["metadata"]["uid"]
+    try:
+        spec = effective_spec(state, body)
+        if spec is None:
+            return IDLE_INTERVAL
+        async with state.lock_for(uid):
+            await _cycle(state, body, spec)
+        return float(spec.remediation.scrape_interval_seconds)
+    except Exception as e:
+        metrics.ERRORS.labels("cycle").inc()
+        log.warning(
+            "%s/%s: remediation cycle failed: %s: %s", *_labels(body), type(e).__name__, e,
+            exc_info=not isinstance(e, ApiError),
+        )  # fmt: skip
+        return _interval(body)
+    finally:
+        state.cycles[uid] += 1
+        metrics.REMEDIATION_CYCLES.labels(*_labels(body)).inc()
+
+
+def _interval(body: Mapping[str, Any]) -> float:
+    """The scrape interval, even from a spec that does not parse (then the idle interval)."""
+    try:
+        return float(parse_spec(body.get("spec") or {}).remediation.scrape_interval_seconds)
+    except Exception:  # an invalid spec is reconcile's to report
         return IDLE_INTERVAL
-    meta = body["metadata"]
-    uid = meta["uid"]
-    assert state.remediator is not None
-    async with state.lock_for(uid):
-        previous = state.previous_status(body)
-        try:
-            result = await state.remediator.cycle(body, spec, previous)
-            wire = status_to_wire(result.status)
-            if wire != status_to_wire(previous):
-                await state.client.patch_status(
-                    API_VERSION, KIND, meta["namespace"], meta["name"], wire
-                )
-                metrics.STATUS_WRITES.inc()
-                state.statuses[uid] = wire
-        except ApiError as e:
-            log.warning("%s/%s: remediation cycle failed: %s", meta["namespace"], meta["name"], e)
-    return float(spec.remediation.scrape_interval_seconds)
+
+
+async def _cycle(state: OperatorState, body: Mapping[str, Any], spec: PDDeploymentSpec) -> None:
+    uid = body["metadata"]["uid"]
+    namespace, name = _labels(body)
+    previous = await state.statuses.current(body)
+    result = await state.remediator.cycle(body, spec, previous.status)
+    try:
+        known = await write(state.client, namespace, name, base=previous, new=result.status)
+    except ApiError:
+        metrics.ERRORS.labels("status_write").inc()
+        raise  # the entries stay in the remediator's memory; the next cycle writes them
+    state.statuses.remember(uid, known)
+    state.remediator.recorded(uid, known.status)
+    if result.clear_reset_annotation:
+        await state.client.patch_metadata(
+            API_VERSION, KIND, namespace, name, {"annotations": {ANNOTATION_RESET_BREAKER: None}}
+        )
 
 
 def forget(state: OperatorState, body: Mapping[str, Any]) -> None:
     uid = body["metadata"]["uid"]
     state.known.discard(uid)
     state.locks.pop(uid, None)
-    state.statuses.pop(uid, None)
-    meta = body["metadata"]
-    for gauge in (metrics.REMEDIATION_SUSPENDED, metrics.WEDGED_ROOMS):
+    state.statuses.forget(uid)
+    state.cycles.pop(uid, None)
+    state.passes.pop(uid, None)
+    for gauge in metrics.PER_DEPLOYMENT:
         with contextlib.suppress(KeyError):
-            gauge.remove(meta["namespace"], meta["name"])
-    if state.remediator is not None:
-        state.remediator.forget(uid)
+            gauge.remove(*_labels(body))
+    state.remediator.forget(uid)
     metrics.MANAGED.set(len(state.known))

@@ -14,7 +14,17 @@ from typing import Any
 import kopf
 
 from pdwarden import handlers
-from pdwarden.constants import ANNOTATION_PREFIX, GROUP, PLURAL, VERSION
+from pdwarden.constants import (
+    ANNOTATION_PREFIX,
+    FINALIZER,
+    GROUP,
+    HANDLER_FORGET,
+    HANDLER_RECONCILE,
+    HANDLER_RESYNC,
+    HANDLER_SCRAPE,
+    PLURAL,
+    VERSION,
+)
 from pdwarden.k8s import KubeClient
 from pdwarden.scraping import DEFAULT_MAX_BODY, WorkerClient
 
@@ -40,7 +50,7 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
         )
-        settings.persistence.finalizer = f"{GROUP}/finalizer"
+        settings.persistence.finalizer = FINALIZER
         settings.posting.level = logging.WARNING
         settings.peering.lifetime = config.peering_lifetime
         settings.watching.server_timeout = 300
@@ -60,15 +70,17 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
         info: kopf.ConnectionInfo | None = kopf.login_via_client(**kwargs)
         return info
 
-    @kopf.on.resume(*resource, registry=registry)
-    @kopf.on.create(*resource, registry=registry)
-    @kopf.on.update(*resource, registry=registry)
+    @kopf.on.resume(*resource, registry=registry, id=HANDLER_RECONCILE)
+    @kopf.on.create(*resource, registry=registry, id=HANDLER_RECONCILE)
+    @kopf.on.update(*resource, registry=registry, id=HANDLER_RECONCILE)
     async def reconcile_on_change(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await handlers.reconcile_now(memo.state, body, force_apply=True)
 
     # Daemons rather than timers: kopf cancels daemons when it pauses (a higher-priority peer
     # appeared) or stops, whereas a timer that is busy at that moment is left running orphaned.
-    @kopf.daemon(*resource, registry=registry, cancellation_timeout=2.0, initial_delay=1.0)
+    @kopf.daemon(
+        *resource, registry=registry, id=HANDLER_RESYNC, cancellation_timeout=2.0, initial_delay=1.0
+    )
     async def resync(body: kopf.Body, memo: kopf.Memo, stopped: Any, **_: Any) -> None:
         while not stopped:
             try:
@@ -77,7 +89,9 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
                 logging.getLogger("pdwarden.main").warning("resync: %s", e)
             await asyncio.sleep(config.resync_seconds)
 
-    @kopf.daemon(*resource, registry=registry, cancellation_timeout=2.0, initial_delay=1.0)
+    @kopf.daemon(
+        *resource, registry=registry, id=HANDLER_SCRAPE, cancellation_timeout=2.0, initial_delay=1.0
+    )
     async def remediation_loop(body: kopf.Body, memo: kopf.Memo, stopped: Any, **_: Any) -> None:
         while not stopped:
             interval = await handlers.remediation_cycle(memo.state, body)
@@ -87,7 +101,7 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await memo.state.workers.close()
 
-    @kopf.on.delete(*resource, registry=registry, optional=True)
+    @kopf.on.delete(*resource, registry=registry, id=HANDLER_FORGET, optional=True)
     async def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         handlers.forget(memo.state, body)
 

@@ -52,3 +52,29 @@ REMEDIATION_SUSPENDED = Gauge(
 WEDGED_ROOMS = Gauge(
     "pdwarden_wedged_rooms", "Rooms wedged now, per PDDeployment.", ["namespace", "name"]
 )
+
+# Every error the shells contained instead of letting it kill a handler, by where it happened:
+# scrape (one pod), action (one remediation action), event (posting an Event), cycle (a whole
+# remediation cycle), status_write, reconcile (a whole pass).
+ERRORS = Counter(
+    "pdwarden_operator_errors",
+    "Errors contained by the operator (a pod, an action, a cycle or a pass), by stage.",
+    ["stage"],
+)
+STATUS_CONFLICTS = Counter(
+    "pdwarden_status_conflicts",
+    "Status writes refused because the object changed meanwhile (then merged and retried).",
+)
+# Per-deployment progress counters: a test (or a person) can wait for N more cycles and then
+# assert that nothing happened, instead of sleeping.
+REMEDIATION_CYCLES = Counter(
+    "pdwarden_remediation_cycles",
+    "Remediation cycles finished (whatever their outcome), per PDDeployment.",
+    ["namespace", "name"],
+)
+RECONCILE_PASSES = Counter(
+    "pdwarden_reconcile_passes",
+    "Reconcile passes finished (whatever their outcome), per PDDeployment.",
+    ["namespace", "name"],
+)
+PER_DEPLOYMENT = (REMEDIATION_SUSPENDED, WEDGED_ROOMS, REMEDIATION_CYCLES, RECONCILE_PASSES)

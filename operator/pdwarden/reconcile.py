@@ -1,9 +1,10 @@
 """One reconcile pass for a PDDeployment: render, apply what differs, observe, report.
 
-Why: this is the imperative shell around the pure parts (render, observe). It is level-based:
-every pass starts from the spec and what the API server shows now, so a restarted operator or a
-missed event changes nothing; and it writes only what differs (workloads whose template hash or
-replica count drifted, status when it materially changed).
+Why: this is the imperative shell around the pure parts (render, observe, reconcile_plan). It is
+level-based: every pass starts from the spec and what the API server shows now, so a restarted
+operator or a missed event changes nothing; and it writes only what differs (workloads whose
+template hash or replica count drifted, status when it materially changed, guarded by the
+resourceVersion it was computed from so no other writer's ledger entries are lost).
 """
 
 from __future__ import annotations
@@ -17,52 +18,48 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pdwarden import metrics
-from pdwarden.api import (
-    InvalidSpec,
-    PDDeploymentSpec,
-    PDDeploymentStatus,
-    parse_spec,
-    parse_status,
-    status_to_wire,
-)
-from pdwarden.conditions import set_condition
-from pdwarden.constants import (
-    ANNOTATION_TEMPLATE_HASH,
-    API_VERSION,
-    CONDITION_SERVING,
-    FIELD_MANAGER,
-    KIND,
-    LABEL_DEPLOYMENT,
-    LABEL_ROLE,
-    ROLE_DECODE,
-    ROLE_PREFILL,
-    ROLE_ROUTER,
-)
-from pdwarden.k8s import ApiError, KubeClient
+from pdwarden.api import InvalidSpec, PDDeploymentSpec, parse_spec, status_to_wire
+from pdwarden.constants import FIELD_MANAGER, LABEL_ROLE, ROLE_DECODE, ROLE_PREFILL, ROLE_ROUTER
+from pdwarden.k8s import ApiError
 from pdwarden.k8s.events import post_event
 from pdwarden.observe import Observed, compute_status
+from pdwarden.ownership import Workloads, owned_by, owned_chain
+from pdwarden.ownership import selector as _selector
+from pdwarden.ports import KubeApi
+from pdwarden.reconcile_plan import (
+    apply_everything,
+    degraded,
+    invalid_status,
+    pods_to_serve,
+    serving_condition,
+    to_apply,
+)
 from pdwarden.render import Owner, names, render_deployment
 from pdwarden.render.deployment import admin_secret, bootstrap_secret
+from pdwarden.status_store import Known, known_from_body, write
 from pdwarden.tokens import derive_bootstrap_token, derive_token
 
 log = logging.getLogger("pdwarden.reconcile")
 Obj = dict[str, Any]
-WORKLOAD_KINDS = {"StatefulSet", "Deployment"}
 
 
 class TransientError(Exception):
     """The pass failed for a reason that retrying can fix (API unavailable, conflict)."""
 
 
+class ConflictError(Exception):
+    """A child object's name is taken by an object this PDDeployment does not own."""
+
+
 @dataclass
 class PassContext:
     """What one pass knows before it acts: the object, its previous status, and the time."""
 
-    client: KubeClient
+    client: KubeApi
     body: Mapping[str, Any]
     owner: Owner
     generation: int | None
-    previous: PDDeploymentStatus
+    previous: Known
     now: datetime
     token_key: bytes | None = None
 
@@ -72,6 +69,7 @@ class PassResult:
     applied: list[str]
     status: Obj
     invalid: bool = False
+    known: Known | None = None  # what the object holds after the pass (for the status cache)
 
 
 def owner_of(body: Mapping[str, Any]) -> Owner:
@@ -80,49 +78,27 @@ def owner_of(body: Mapping[str, Any]) -> Owner:
 
 
 def selector(owner: Owner, role: str | None = None) -> str:
-    sel = f"{LABEL_DEPLOYMENT}={owner.name}"
-    return sel + (f",{LABEL_ROLE}={role}" if role else "")
+    return _selector(owner.name, role)
 
 
-async def observe(client: KubeClient, owner: Owner) -> Observed:
+async def observe(client: KubeApi, owner: Owner) -> Observed:
     sel = selector(owner)
     sts = await client.list("apps/v1", "StatefulSet", owner.namespace, sel)
     deps = await client.list("apps/v1", "Deployment", owner.namespace, sel)
     pods = await client.list("v1", "Pod", owner.namespace, sel)
     by_role: dict[str, Obj | None] = {}
     for obj in [*sts, *deps]:
-        if _owned_by(obj, owner):
+        if owned_by(obj, owner.uid):
             by_role[obj["metadata"]["labels"].get(LABEL_ROLE, "")] = obj
-    return Observed(workloads=by_role, pods=[p for p in pods if _owned_chain(p)])
+    workloads = Workloads.of(sts, deps, owner.uid)
+    return Observed(workloads=by_role, pods=[p for p in pods if owned_chain(p, workloads)])
 
 
-def _owned_by(obj: Obj, owner: Owner) -> bool:
-    refs = obj["metadata"].get("ownerReferences") or []
-    return any(r.get("uid") == owner.uid for r in refs)
-
-
-def _owned_chain(pod: Obj) -> bool:
-    # Pods are owned by a StatefulSet or ReplicaSet that we own; the label is enough here.
-    return bool(pod["metadata"].get("ownerReferences"))
-
-
-def _drifted(desired: Obj, observed: Observed) -> bool:
-    role = desired["metadata"]["labels"].get(LABEL_ROLE, "")
-    current = observed.workloads.get(role)
-    if current is None:
-        return True
-    want_hash = desired["metadata"]["annotations"][ANNOTATION_TEMPLATE_HASH]
-    have_hash = (current["metadata"].get("annotations") or {}).get(ANNOTATION_TEMPLATE_HASH)
-    return bool(
-        have_hash != want_hash or current["spec"].get("replicas") != desired["spec"]["replicas"]
-    )
-
-
-async def _apply(client: KubeClient, owner: Owner, obj: Obj) -> None:
+async def _apply(client: KubeApi, owner: Owner, obj: Obj) -> None:
     """Apply `obj`, refusing to take over an object of the same name that we do not own."""
     meta = obj["metadata"]
     existing = await client.get(obj["apiVersion"], obj["kind"], owner.namespace, meta["name"])
-    if existing is not None and not _owned_by(existing, owner):
+    if existing is not None and not owned_by(existing, owner.uid):
         raise ConflictError(
             f"{obj['kind']} {meta['name']} already exists and is not owned by this PDDeployment; "
             "rename or delete it"
@@ -131,11 +107,7 @@ async def _apply(client: KubeClient, owner: Owner, obj: Obj) -> None:
     metrics.OBJECTS_APPLIED.labels(obj["kind"]).inc()
 
 
-class ConflictError(Exception):
-    """A child object's name is taken by an object this PDDeployment does not own."""
-
-
-async def _ensure_secret(client: KubeClient, owner: Owner, token_key: bytes | None) -> None:
+async def _ensure_secret(client: KubeApi, owner: Owner, token_key: bytes | None) -> None:
     """Create the admin-token Secret once. With a token key the operator never reads Secrets."""
     if token_key is not None:
         token = derive_token(token_key, owner.namespace, owner.name, owner.uid)
@@ -150,54 +122,39 @@ async def _ensure_secret(client: KubeClient, owner: Owner, token_key: bytes | No
         await client.create(bootstrap_secret(owner, secrets.token_urlsafe(32)))
 
 
-async def _serve_new_decode_pods(client: KubeClient, observed: Observed) -> None:
-    """Decode pods start with no serving condition; set it True so they can become Ready.
-
-    A pod that has the condition (True, or False because remediation cordoned it) is left alone.
-    """
-    now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-    for pod in observed.pods:
-        meta = pod["metadata"]
-        if (meta.get("labels") or {}).get(LABEL_ROLE) != ROLE_DECODE or meta.get(
-            "deletionTimestamp"
-        ):
-            continue
-        conditions = (pod.get("status") or {}).get("conditions") or []
-        if any(c.get("type") == CONDITION_SERVING for c in conditions):
-            continue
-        await client.set_pod_condition(
-            meta["namespace"],
-            meta["name"],
-            {
-                "type": CONDITION_SERVING,
-                "status": "True",
-                "reason": "Serving",
-                "message": "pdwarden: not cordoned",
-                "lastTransitionTime": now,
-            },
-        )
+async def _serve_new_decode_pods(client: KubeApi, observed: Observed) -> None:
+    """Decode pods start with no serving condition; set it True so they can become Ready."""
+    condition = serving_condition(datetime.now(UTC))
+    for namespace, name in pods_to_serve(observed.pods):
+        try:
+            await client.set_pod_condition(namespace, name, condition)
+        except ApiError as e:
+            if e.transient:
+                raise
+            metrics.ERRORS.labels("reconcile").inc()  # gone meanwhile: the next pass sees it
+            log.info("%s/%s: cannot mark serving: %s", namespace, name, e)
 
 
 async def reconcile(
-    client: KubeClient,
+    client: KubeApi,
     body: Mapping[str, Any],
     force_apply: bool,
     token_key: bytes | None = None,
-    previous: PDDeploymentStatus | None = None,
+    previous: Known | None = None,
 ) -> PassResult:
     """Run one pass. Raises TransientError when the API server failed us (retry later)."""
     started = time.monotonic()
     owner = owner_of(body)
     generation = body["metadata"].get("generation")
     if previous is None:
-        previous = status_from_body(body)
+        previous = known_from_body(body)
     now = datetime.now(UTC).replace(microsecond=0)
     ctx = PassContext(client, body, owner, generation, previous, now, token_key)
     try:
-        spec = parse_spec(body.get("spec") or {})
-    except InvalidSpec as e:
-        return await _report_invalid(ctx, e)
-    try:
+        try:
+            spec = parse_spec(body.get("spec") or {})
+        except InvalidSpec as e:
+            return await _report_invalid(ctx, e)
         result = await _reconcile_valid(ctx, spec, force_apply)
     except ApiError as e:
         metrics.RECONCILES.labels("error").inc()
@@ -210,32 +167,25 @@ async def reconcile(
 async def _reconcile_valid(
     ctx: PassContext, spec: PDDeploymentSpec, force_apply: bool
 ) -> PassResult:
-    client, owner, previous = ctx.client, ctx.owner, ctx.previous
+    client, owner, previous = ctx.client, ctx.owner, ctx.previous.status
     await _ensure_secret(client, owner, ctx.token_key)
     desired = render_deployment(owner, spec)
     observed = await observe(client, owner)
-    # Re-apply everything after a spec change, and on every pass while the last apply failed
-    # (a 403 fixed by an admin, a conflicting object deleted): level-based, bounded by the resync.
-    spec_changed = previous.observed_generation != ctx.generation or _degraded_reason(previous) in (
-        "ApplyFailed",
-        "ConflictingObject",
-    )
+    everything = force_apply or apply_everything(previous, ctx.generation)
     applied: list[str] = []
     apply_error: str | None = None
-    for obj in desired:
-        is_workload = obj["kind"] in WORKLOAD_KINDS
-        if force_apply or spec_changed or (is_workload and _drifted(obj, observed)):
-            try:
-                await _apply(client, owner, obj)
-            except ConflictError as e:
-                apply_error = f"ConflictingObject: {e}"
-                continue
-            except ApiError as e:
-                if e.transient:
-                    raise
-                apply_error = f"ApplyFailed: {obj['kind']} {obj['metadata']['name']}: {e.reason}"
-                continue
-            applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
+    for obj in to_apply(desired, observed, everything=everything):
+        try:
+            await _apply(client, owner, obj)
+        except ConflictError as e:
+            apply_error = f"ConflictingObject: {e}"
+            continue
+        except ApiError as e:
+            if e.transient:
+                raise
+            apply_error = f"ApplyFailed: {obj['kind']} {obj['metadata']['name']}: {e.reason}"
+            continue
+        applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
     if applied:
         observed = await observe(client, owner)
     await _serve_new_decode_pods(client, observed)
@@ -249,64 +199,23 @@ async def _reconcile_valid(
         selectors=selectors,
         apply_error=apply_error,
     )
-    wire = status_to_wire(status)
-    if wire != status_to_wire(previous):
-        await client.patch_status(API_VERSION, KIND, owner.namespace, owner.name, wire)
-        metrics.STATUS_WRITES.inc()
-        if apply_error and apply_error not in _degraded_message(previous):
-            await post_event(client, dict(ctx.body), "ApplyFailed", apply_error, "Warning")
+    changed = status_to_wire(status) != status_to_wire(previous)
+    known = await write(client, owner.namespace, owner.name, base=ctx.previous, new=status)
+    if changed and apply_error and apply_error not in degraded(previous)[1]:
+        await post_event(client, dict(ctx.body), "ApplyFailed", apply_error, "Warning")
     if applied:
         log.info("%s/%s: applied %s", owner.namespace, owner.name, ", ".join(applied))
-    return PassResult(applied=applied, status=wire)
-
-
-def _degraded_reason(status: PDDeploymentStatus) -> str:
-    return next((c.reason for c in status.conditions if c.type == "Degraded"), "")
-
-
-def _degraded_message(status: PDDeploymentStatus) -> str:
-    return next((c.message for c in status.conditions if c.type == "Degraded"), "")
-
-
-def status_from_body(body: Mapping[str, Any]) -> PDDeploymentStatus:
-    return parse_status(_known_status(body.get("status")))
-
-
-def _known_status(raw: Any) -> dict[str, Any]:
-    """Drop status keys the model does not know (e.g. kopf's own bookkeeping)."""
-    known = {f.alias or n for n, f in PDDeploymentStatus.model_fields.items()}
-    return {k: v for k, v in dict(raw or {}).items() if k in known}
+    return PassResult(applied=applied, status=status_to_wire(known.status), known=known)
 
 
 async def _report_invalid(ctx: PassContext, error: InvalidSpec) -> PassResult:
     """A spec that slipped past the schema: say why in status and an Event, never retry."""
     metrics.RECONCILES.labels("invalid_spec").inc()
     message = f"invalid spec: {error}"
-    previous, now, generation = ctx.previous, ctx.now, ctx.generation
-    conditions = set_condition(
-        list(previous.conditions),
-        "Degraded",
-        status=True,
-        reason="InvalidSpec",
-        message=message,
-        now=now,
-        generation=generation,
-    )
-    conditions = set_condition(
-        conditions,
-        "Ready",
-        status=False,
-        reason="InvalidSpec",
-        message=message,
-        now=now,
-        generation=generation,
-    )
-    status = previous.model_copy(
-        update={"observed_generation": generation, "phase": "Failed", "conditions": conditions}
-    )
-    wire = status_to_wire(status)
+    status = invalid_status(ctx.previous.status, message, ctx.now, ctx.generation)
     owner = ctx.owner
-    if wire != status_to_wire(previous):
-        await ctx.client.patch_status(API_VERSION, KIND, owner.namespace, owner.name, wire)
+    known = await write(client=ctx.client, namespace=owner.namespace, name=owner.name,
+                        base=ctx.previous, new=status)  # fmt: skip
+    if status_to_wire(status) != status_to_wire(ctx.previous.status):
         await post_event(ctx.client, dict(ctx.body), "InvalidSpec", message, "Warning")
-    return PassResult(applied=[], status=wire, invalid=True)
+    return PassResult(applied=[], status=status_to_wire(known.status), invalid=True, known=known)

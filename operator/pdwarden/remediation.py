@@ -10,6 +10,15 @@ function of plain data with no clock and no client, unit-tested case by case. Th
    after the cordon; its StatefulSet recreates it.
 4. UncordonDecode: put a cordoned pod back when its stall has cleared.
 
+On stock SGLang (no rooms API, so findings carry no room ids) rung 1 is replaced per prefill pod:
+
+1a. AbortRequests: abort every request of the wedged prefill pod (SGLang's only way to free
+    wedged rooms; it costs every request the pod holds, which the ledger records).
+1b. RestartPrefill (opt-in): delete that prefill pod when it is still, or again, wedged
+    restartAfterSeconds after the abort; at most one prefill pod restarting at a time. An abort
+    older than restartAfterSeconds + wedgeAfterSeconds is a finished repair: a wedge after that
+    starts the ladder again at 1a.
+
 Safety envelope: mode Off/DryRun/Enforce; at most maxUnavailableDecode decode pods cordoned or
 not ready, and never the last ready one; a cooldown per pod; a circuit breaker on actions per
 hour; never an action on, or attributed to, a pod whose metrics are stale.
@@ -19,20 +28,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
 from pdwarden.api import LedgerEntry, RemediationSpec
-from pdwarden.detection import Detection
+from pdwarden.detection import Detection, Finding
 
-ActionKind = Literal["FailRooms", "CordonDecode", "RestartDecode", "UncordonDecode"]
+ActionKind = Literal[
+    "FailRooms",
+    "CordonDecode",
+    "RestartDecode",
+    "UncordonDecode",
+    "AbortRequests",
+    "RestartPrefill",
+]
 HOUR = timedelta(hours=1)
+PREFILL_WEDGES = frozenset({"InflightStuck", "PeerIncarnationGone", "InflightGaugeStuck"})
+ENGINES_WITHOUT_ROOMS = frozenset({"sglang"})
 
 
 @dataclass(frozen=True)
 class DecodePod:
-    """A decode pod's serving state as the API server shows it."""
+    """A worker pod's serving state as the API server shows it (decode; prefill for SGLang)."""
 
     name: str
     uid: str
@@ -60,7 +78,6 @@ class Plan:
     budget: int = 0
     held_back: tuple[str, ...] = ()  # decisions not taken, and why
     dry_run: bool = False
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
 
 def decode_budget(spec: RemediationSpec, decode_replicas: int) -> int:
@@ -84,6 +101,30 @@ def actions_in_last_hour(
         and e.outcome != "Skipped"
         and e.action != "UncordonDecode"
     )
+
+
+@dataclass(frozen=True)
+class Breaker:
+    """The circuit breaker over a ledger: actions counted this hour, and whether it is open."""
+
+    used: int
+    limit: int
+
+    @property
+    def open(self) -> bool:
+        return self.used >= self.limit
+
+
+def breaker(
+    history: Sequence[LedgerEntry],
+    now: datetime,
+    *,
+    dry_run: bool,
+    reset_at: datetime | None,
+    limit: int,
+) -> Breaker:
+    """The one place the breaker's state is computed (for the plan and for the status)."""
+    return Breaker(actions_in_last_hour(history, now, dry_run, reset_at), limit)
 
 
 def _last_action_on(history: Sequence[LedgerEntry], pod: str, dry_run: bool) -> LedgerEntry | None:
@@ -124,6 +165,38 @@ def _restarted_since(
     return last is not None and last.action == "RestartDecode" and last.time >= since
 
 
+def _prefill_rung(
+    spec: RemediationSpec,
+    f: Finding,
+    *,
+    history: Sequence[LedgerEntry],
+    now: datetime,
+    dry_run: bool,
+    prefills: Sequence[DecodePod],
+) -> tuple[ActionKind, str | None] | None:
+    """The next rung for a wedged SGLang prefill pod, or None while the last one takes effect.
+
+    The second element is extra reason text, or "held: why" when the rung may not run now.
+    """
+    last = _last_action_on(history, f.pod, dry_run)
+    age = (now - last.time).total_seconds() if last is not None else math.inf
+    if age < spec.cooldown_seconds:
+        return None  # the effect of the last action is not visible yet
+    restart_after = spec.restart_after_seconds
+    if last is not None and last.action == "RestartPrefill" and age < restart_after:
+        return None  # wait for the new pod
+    if last is None or last.action != "AbortRequests":
+        return "AbortRequests", None
+    if age < restart_after:
+        return None
+    if age > restart_after + spec.wedge_after_seconds:
+        return "AbortRequests", "; the last abort was a finished repair, this is a new wedge"
+    busy = [p.name for p in prefills if p.name != f.pod and (p.terminating or not p.ready)]
+    if busy:
+        return "RestartPrefill", f"held: prefill pod(s) {', '.join(busy)} not ready yet"
+    return "RestartPrefill", f"; still wedged {age:.0f}s after aborting its requests"
+
+
 def plan(
     spec: RemediationSpec,
     detection: Detection,
@@ -133,14 +206,21 @@ def plan(
     *,
     decode_replicas: int,
     breaker_reset_at: datetime | None = None,
+    engine: str = "pdworker",
+    prefills: Sequence[DecodePod] = (),
 ) -> Plan:
-    """Decide this round's actions. Nothing here performs them."""
+    """Decide this round's actions. Nothing here performs them.
+
+    `prefills` are the prefill pods (only the SGLang prefill rungs read them).
+    """
     dry_run = spec.mode == "DryRun"
     budget = decode_budget(spec, decode_replicas)
     if spec.mode == "Off":
         return Plan(budget=budget)
-    used = actions_in_last_hour(history, now, dry_run, breaker_reset_at)
-    suspended = used >= spec.max_actions_per_hour
+    state = breaker(
+        history, now, dry_run=dry_run, reset_at=breaker_reset_at, limit=spec.max_actions_per_hour
+    )
+    used = state.used
     allowed = set(spec.actions)
     actions: list[Action] = []
     held: list[str] = []
@@ -176,7 +256,31 @@ def plan(
     repeat_window = now - timedelta(seconds=max(spec.restart_after_seconds, spec.cooldown_seconds))
     repeat_offenders: set[str] = set()
     decided_since = now - timedelta(seconds=spec.wedge_after_seconds)
+    prefill_acted: set[str] = set()
     for f in detection.findings:
+        if engine in ENGINES_WITHOUT_ROOMS and f.reason in PREFILL_WEDGES and not f.rooms:
+            if f.pod not in prefill_acted:
+                prefill_acted.add(f.pod)
+                step = _prefill_rung(
+                    spec, f, history=history, now=now, dry_run=dry_run, prefills=prefills
+                )
+                if step is not None:
+                    kind, why = step
+                    if kind not in allowed:
+                        held.append(f"{kind} on {f.pod}: not in spec.remediation.actions")
+                    elif breaker_open():
+                        held.append(
+                            f"{kind} on {f.pod}: remediation suspended by the circuit breaker"
+                        )
+                    elif why is not None and why.startswith("held: "):
+                        held.append(f"{kind} on {f.pod}: {why.removeprefix('held: ')}")
+                    else:
+                        uid = next((p.uid for p in prefills if p.name == f.pod), "")
+                        actions.append(
+                            Action(kind, f.pod, f"{f.reason}: {f.evidence}" + (why or ""),
+                                   uid=uid, room_count=f.room_count)
+                        )  # fmt: skip
+            continue
         if f.reason not in ("InflightStuck", "PeerIncarnationGone") or not f.rooms:
             continue
         if dry_run and _decided_fail_rooms(history, f.pod, f.peer, decided_since):
@@ -251,7 +355,7 @@ def plan(
             actions.append(Action("UncordonDecode", name, "healthy for a full window", uid=d.uid))
     return Plan(
         actions=tuple(actions),
-        suspended=suspended,
+        suspended=state.open,
         budget=budget,
         held_back=tuple(held),
         dry_run=dry_run,

@@ -11,6 +11,7 @@ unusable becomes a `ScrapeError`, never an exception that reaches a handler.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -174,8 +175,9 @@ class RoomView:
     room: int
     phase: str
     phase_seconds: float
-    peer_pod: str | None
+    peer_pod: str | None  # the peer's own word until the shell attributes it by verified IP
     peer_incarnation: str | None
+    peer_ip: str | None = None  # the address the prefill verified the peer's handshake from
 
 
 def parse_rooms(data: Any) -> list[RoomView]:
@@ -192,8 +194,9 @@ def parse_rooms(data: Any) -> list[RoomView]:
                     room=_room_id(item["room"]),
                     phase=str(item["phase"]),
                     phase_seconds=float(item["phase_seconds"]),
-                    peer_pod=_optional_str(peer.get("pod")),
+                    peer_pod=_optional_str(peer.get(pdw.ROOM_PEER_POD_HINT)),
                     peer_incarnation=_optional_str(peer.get("incarnation")),
+                    peer_ip=_ip_literal(peer.get(pdw.ROOM_PEER_VERIFIED_IP)),
                 )
             )
             if not math.isfinite(rooms[-1].phase_seconds):
@@ -203,9 +206,20 @@ def parse_rooms(data: Any) -> list[RoomView]:
     return rooms
 
 
+def _ip_literal(value: Any) -> str | None:
+    """An IP address in its canonical spelling, or None for anything else."""
+    if not isinstance(value, str) or len(value) > 45:
+        return None
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        return None
+
+
 def _room_id(value: Any) -> int:
-    # int() would turn 1.5 into room 1 (and then fail the wrong room) and True into 1.
-    if isinstance(value, str) and value.isdigit():
+    # int() would turn 1.5 into room 1 (and then fail the wrong room) and True into 1;
+    # str.isdigit() accepts "²", which int() refuses.
+    if isinstance(value, str) and value.isascii() and value.isdigit():
         return int(value)
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from pdwarden.constants import WORKER_PORT
 from pdwarden.samples import (
     MAX_TEXT_BYTES,
     RoomView,
@@ -94,7 +95,7 @@ class Target:
     uid: str
     role: str
     ip: str
-    port: int = 8000
+    port: int = WORKER_PORT
     rooms: bool = False  # also read GET /admin/rooms (pdworker prefill)
     engine: str | None = None  # picks the metrics adapter; None reads either engine's names
 

@@ -13,15 +13,17 @@ import re
 import textwrap
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, get_args
 
-from pdwarden.constants import ANNOTATION_RESET_BREAKER, SHORT_NAME
+from pdwarden.api import RemediationSpec
+from pdwarden.constants import ANNOTATION_RESET_BREAKER, ROLES, SHORT_NAME
+from pdwarden.detection import Reason
 
 WIDTH: Final = 100
 RECENT_ACTIONS: Final = 10
-ROLES: Final = ("prefill", "decode", "router")
-DEFAULT_MAX_ACTIONS_PER_HOUR: Final = 20
-_RULES: Final = ("InflightStuck", "PeerIncarnationGone", "InflightGaugeStuck", "DecodeStalled")
+# Shown when the spec leaves it out: the model's own default, never a copy of it.
+DEFAULT_MAX_ACTIONS_PER_HOUR: Final = RemediationSpec.model_fields["max_actions_per_hour"].default
+_RULES: Final = get_args(Reason)
 _FINDING = re.compile(rf"(?:^|; )((?:{'|'.join(_RULES)}) on [^\s:]+): ")
 
 Obj = Mapping[str, Any]

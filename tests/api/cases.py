@@ -15,8 +15,12 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+ALL_EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+# PDRemediationPolicy examples are named policy-*.yaml (tested in test_policy_api.py).
+EXAMPLES = [p for p in ALL_EXAMPLES if not p.name.startswith("policy-")]
+POLICY_EXAMPLES = [p for p in ALL_EXAMPLES if p.name.startswith("policy-")]
 CRD_FILE = ROOT / "crds" / "pddeployments.pdwarden.dev.yaml"
+POLICY_CRD_FILE = ROOT / "crds" / "pdremediationpolicies.pdwarden.dev.yaml"
 DELETE = object()  # marks a key to remove in a patch
 
 BASE_SPEC: dict[str, Any] = {
@@ -91,6 +95,18 @@ BAD_SPECS: list[Bad] = [
                                  "prefill": {"gpus": 1}, "decode": {"gpus": 1}}, "spec.image"),
     Bad("sglang-on-cpu", {"engine": "sglang", "image": "lmsysorg/sglang:latest",
                           "decode": {"gpus": 1}}, "spec.prefill.gpus"),
+    Bad("sglang-tp-size-in-args", {"engine": "sglang", "image": "lmsysorg/sglang:latest",
+                                   "prefill": {"gpus": 2, "args": ["--tp-size", "2"]},
+                                   "decode": {"gpus": 1}}, "spec.prefill.args"),
+    Bad("sglang-port-in-args", {"engine": "sglang", "image": "lmsysorg/sglang:latest",
+                                "prefill": {"gpus": 1},
+                                "decode": {"gpus": 1, "args": ["--port=9000"]}},
+        "spec.decode.args"),
+    Bad("sglang-shm-garbage", {"sglang": {"shmSize": "lots"}}, "spec.sglang.shmSize"),
+    Bad("sglang-startup-too-short", {"sglang": {"startupTimeoutSeconds": 10}},
+        "spec.sglang.startupTimeoutSeconds"),
+    Bad("sglang-claim-bad-name", {"sglang": {"cache": {"persistentVolumeClaim": "Not_A_Name"}}},
+        "spec.sglang.cache.persistentVolumeClaim"),
     Bad("decode-zero-while-restarting", {"decode": {"replicas": 0}}, "spec.decode.replicas"),
     Bad("bootstrap-port-privileged", {"transfer": {"bootstrapPort": 80}},
         "spec.transfer.bootstrapPort"),
@@ -115,5 +131,10 @@ BAD_SPECS: list[Bad] = [
 
 
 def load_examples() -> dict[str, dict[str, Any]]:
-    """Every example manifest by file name."""
+    """Every PDDeployment example manifest by file name."""
     return {p.name: yaml.safe_load(p.read_text()) for p in EXAMPLES}
+
+
+def load_policy_examples() -> dict[str, dict[str, Any]]:
+    """Every PDRemediationPolicy example manifest by file name."""
+    return {p.name: yaml.safe_load(p.read_text()) for p in POLICY_EXAMPLES}

@@ -29,7 +29,7 @@ def _schema() -> dict[str, Any]:
 
 
 def test_pdwarden_crd_prints_the_committed_file(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["crd"]) == 0
+    assert main(["crd", "--kind", "PDDeployment"]) == 0
     printed = capsys.readouterr().out
     assert printed == CRD_FILE.read_text(), "crds/ drifted from the models: run `make crd`"
 
@@ -101,7 +101,9 @@ def test_remediation_schema_teaches() -> None:
     assert "inflight queue" in rem["description"]
     props = rem["properties"]
     assert props["mode"]["enum"] == ["Enforce", "DryRun", "Off"]
-    assert props["actions"]["items"]["enum"] == ["FailRooms", "CordonDecode", "RestartDecode"]
+    assert props["actions"]["items"]["enum"] == [
+        "FailRooms", "CordonDecode", "RestartDecode", "AbortRequests", "RestartPrefill",
+    ]  # fmt: skip
     assert props["actions"]["x-kubernetes-list-type"] == "set"
     assert props["maxUnavailableDecode"] == {
         "default": "25%",
@@ -112,7 +114,9 @@ def test_remediation_schema_teaches() -> None:
     assert props["wedgeAfterSeconds"]["description"].endswith("Default: 60.")
     assert "\n" not in props["wedgeAfterSeconds"]["description"]
     assert rem["default"]["wedgeAfterSeconds"] == 60
-    assert rem["default"]["actions"] == ["FailRooms", "CordonDecode", "RestartDecode"]
+    assert rem["default"]["actions"] == [
+        "FailRooms", "CordonDecode", "RestartDecode", "AbortRequests",
+    ]  # fmt: skip
     messages = [r["message"] for r in rem["x-kubernetes-validations"]]
     assert any("wedgeAfterSeconds" in m for m in messages)
 

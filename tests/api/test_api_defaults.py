@@ -37,7 +37,7 @@ def test_minimal_spec_gets_every_default() -> None:
         60,
         60,
     )
-    assert r.actions == ["FailRooms", "CordonDecode", "RestartDecode"]
+    assert r.actions == ["FailRooms", "CordonDecode", "RestartDecode", "AbortRequests"]
     assert r.max_unavailable_decode == "25%"
     assert (r.max_actions_per_hour, r.cooldown_seconds) == (20, 60)
 

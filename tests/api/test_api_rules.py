@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from pdwarden.api import InvalidSpec, RemediationSpec, parse_spec
 from pdwarden.api.base import ApiModel
-from pdwarden.api.crd import build_crd
+from pdwarden.api.crd import build_crd, build_policy_crd
 
 from .cases import BAD_SPECS, BASE_SPEC, Bad, merged
 
@@ -48,7 +48,8 @@ def _crd_rules() -> list[dict[str, str]]:
             if isinstance(node.get(key), dict):
                 walk(node[key])  # type: ignore[arg-type]
 
-    walk(build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    for crd in (build_crd(), build_policy_crd()):
+        walk(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
     return rules
 
 

@@ -112,6 +112,24 @@ def test_kubectl_explain_teaches_remediation(api: tuple[Cluster, str]) -> None:
     assert "Enforce acts; DryRun records what it would do" in text
 
 
+def test_kubectl_explain_teaches_sglang_pod_knobs(api: tuple[Cluster, str]) -> None:
+    cluster, _ = api
+
+    def explained() -> str:
+        out = cluster.kubectl("explain", "pddeployment.spec.sglang", "--recursive=false",
+                              check=False)  # fmt: skip
+        return out.stdout if out.returncode == 0 and "shmSize" in out.stdout else ""
+
+    cluster.wait_until("kubectl explain to know spec.sglang", explained, timeout=60)
+    text = " ".join(explained().split())
+    for field in ("cache", "shmSize", "startupTimeoutSeconds"):
+        assert field in text
+    assert "/ready" in text and "/dev/shm" in text
+    cache = cluster.kubectl("explain", "pddeployment.spec.sglang.cache").stdout
+    cache = " ".join(cache.split())
+    assert "HF_HOME=/cache/huggingface" in cache and "persistentVolumeClaim" in cache
+
+
 def test_status_subresource_printer_columns_and_scale(api: tuple[Cluster, str]) -> None:
     cluster, ns = api
     doc = EXAMPLES["minimal-cpu.yaml"]

@@ -153,6 +153,7 @@ def test_global_dry_run_and_monitoring_render(helm: Helm) -> None:
         "pdwarden_wedges_detected_total",
         'pdwarden_remediations_total{result="failed"}',
         "pdwarden_reconciles_total",
+        "pdwarden_operator_errors_total",
     ):
         assert metric in exprs
     (sm,) = find(objs, "ServiceMonitor")

@@ -178,6 +178,73 @@ def test_sglang_renders_stock_pd_launch_flags(role: str) -> None:
     assert container(sts[f"demo-{role}"])["image"] == spec.image
 
 
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_sglang_command_sets_each_flag_once(role: str) -> None:
+    spec = parse_spec(example("sglang.yaml"))
+    cmd = container(by_kind(render_deployment(OWNER, spec), "StatefulSet")[f"demo-{role}"])[
+        "command"
+    ]
+    flags = [a for a in cmd if a.startswith("--")]
+    assert sorted(flags) == sorted(set(flags))
+    assert cmd[cmd.index("--tp-size") + 1] == "1"
+
+
+def _sglang_pod(patch: dict[str, Any], role: str = "decode") -> dict[str, Any]:
+    spec = example("sglang.yaml")
+    spec.pop("sglang", None)
+    spec = {**spec, **patch}
+    sts = by_kind(render_deployment(OWNER, parse_spec(spec)), "StatefulSet")[f"demo-{role}"]
+    pod: dict[str, Any] = sts["spec"]["template"]["spec"]
+    return pod
+
+
+def test_sglang_pods_get_writable_caches_and_shm_sized_for_tensor_parallelism() -> None:
+    pod = _sglang_pod({"decode": {"replicas": 2, "gpus": 4}})
+    c = pod["containers"][0]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["cache"] == {"name": "cache", "emptyDir": {"sizeLimit": "100Gi"}}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert {"/tmp": "tmp", "/cache": "cache", "/dev/shm": "dshm"}.items() <= mounts.items()
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    # Every directory SGLang writes to lies on a writable volume (the root filesystem is not).
+    for name in ("HF_HOME", "SGLANG_CACHE_DIR", "XDG_CACHE_HOME", "HOME"):
+        assert env[name].startswith("/cache/"), name
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_sglang_cache_from_a_claim_and_an_explicit_shm_size() -> None:
+    pod = _sglang_pod(
+        {"sglang": {"cache": {"persistentVolumeClaim": "models"}, "shmSize": "3Gi"}}, "prefill"
+    )
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["cache"] == {"name": "cache", "persistentVolumeClaim": {"claimName": "models"}}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "3Gi"}
+
+
+def test_sglang_probes_are_cheap_and_the_startup_window_fits_a_download() -> None:
+    c = _sglang_pod({"sglang": {"startupTimeoutSeconds": 3600}})["containers"][0]
+    # /ready runs no generation; /health does (up to SGLang's 20 s), so its timeout is above it.
+    assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert c["startupProbe"]["httpGet"]["path"] == "/ready"
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 3600
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert c["livenessProbe"]["timeoutSeconds"] > 20
+
+
+def test_pdworker_pods_keep_their_probes_and_volumes() -> None:
+    objs = render_deployment(OWNER, parse_spec(example("minimal-cpu.yaml")))
+    pod = by_kind(objs, "StatefulSet")["demo-decode"]["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    # decode needs the KV-handshake key, not the admin token (no decode fault armed here)
+    assert [v["name"] for v in pod["volumes"]] == ["tmp", "bootstrap-token"]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["startupProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["livenessProbe"]["timeoutSeconds"] == 2
+    assert not {"HF_HOME", "SGLANG_CACHE_DIR"} & {e["name"] for e in c["env"]}
+
+
 def test_sglang_router_uses_pd_mode_with_kubernetes_discovery() -> None:
     objs = render_deployment(OWNER, parse_spec(example("sglang.yaml")))
     cmd = container(by_kind(objs, "Deployment")["demo-router"])["command"]

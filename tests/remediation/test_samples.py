@@ -411,3 +411,15 @@ def test_fuzz_escaped_labels_round_trip(labels: dict[str, str], value: float) ->
     assert got == labels and v == value
     (family,) = text_string_to_metric_families(text)
     assert family.samples[0].labels == labels
+
+
+def test_rooms_carry_the_verified_peer_address_and_refuse_non_ascii_digits() -> None:
+    rooms = parse_rooms(
+        [{"room": "7", "phase": "inflight", "phase_seconds": 3,
+          "peer": {"pod": "anything", "incarnation": "i", "ip": "127.0.2.1"}},
+         {"room": 8, "phase": "inflight", "phase_seconds": 3,
+          "peer": {"pod": "x", "incarnation": "i", "ip": "not-an-address"}}]
+    )  # fmt: skip
+    assert [(r.room, r.peer_ip) for r in rooms] == [(7, "127.0.2.1"), (8, None)]
+    with pytest.raises(ScrapeError):
+        parse_rooms([{"room": "\u00b2", "phase": "inflight", "phase_seconds": 1}])

@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from pdwarden.api.base import RULE_ERROR
+from pdwarden.api.policy import PDRemediationPolicySpec
+from pdwarden.api.policy_status import PDRemediationPolicyStatus
 from pdwarden.api.spec import PDDeploymentSpec
 from pdwarden.api.status import PDDeploymentStatus
 
@@ -64,3 +66,21 @@ def spec_to_wire(spec: PDDeploymentSpec) -> dict[str, Any]:
 def status_to_wire(status: PDDeploymentStatus) -> dict[str, Any]:
     """The status as a JSON-ready patch body: camelCase keys, RFC 3339 times."""
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def parse_policy_spec(raw: Mapping[str, Any]) -> PDRemediationPolicySpec:
+    """Validate a PDRemediationPolicy's `spec`; raise InvalidSpec with field-named problems."""
+    try:
+        return PDRemediationPolicySpec.model_validate(dict(raw), by_alias=True, by_name=False)
+    except ValidationError as error:
+        raise InvalidSpec(field_problems(error)) from None
+
+
+def parse_policy_status(raw: Mapping[str, Any] | None) -> PDRemediationPolicyStatus:
+    """Read back the status the operator wrote on a policy (empty when there is none yet)."""
+    return PDRemediationPolicyStatus.model_validate(dict(raw or {}), by_alias=True, by_name=False)
+
+
+def to_wire(model: BaseModel) -> dict[str, Any]:
+    """Any API model as the API server stores it: camelCase keys, unset optionals left out."""
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)

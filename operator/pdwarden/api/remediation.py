@@ -16,8 +16,21 @@ from pdwarden.api.base import ApiModel, Rule
 from pdwarden.constants import ANNOTATION_RESET_BREAKER
 
 Mode = Literal["Enforce", "DryRun", "Off"]
-Action = Literal["FailRooms", "CordonDecode", "RestartDecode"]
-ACTIONS: tuple[Action, ...] = ("FailRooms", "CordonDecode", "RestartDecode")
+Action = Literal["FailRooms", "CordonDecode", "RestartDecode", "AbortRequests", "RestartPrefill"]
+ACTIONS: tuple[Action, ...] = (
+    "FailRooms",
+    "CordonDecode",
+    "RestartDecode",
+    "AbortRequests",
+    "RestartPrefill",
+)
+# RestartPrefill is opt-in: it drops every request the prefill pod holds and its warm caches.
+DEFAULT_ACTIONS: tuple[Action, ...] = (
+    "FailRooms",
+    "CordonDecode",
+    "RestartDecode",
+    "AbortRequests",
+)
 PERCENT_PATTERN = r"^[0-9]{1,2}%$"  # 0% .. 99%: a budget of 100% could empty the decode pool
 _PERCENT = re.compile(PERCENT_PATTERN)
 MAX_BUDGET_COUNT = 512
@@ -63,6 +76,15 @@ _RESTART_AFTER_SCRAPE = Rule(
     field_path=".restartAfterSeconds",
     check=lambda s: s.restart_after_seconds >= s.scrape_interval_seconds,
 )
+_RESTART_PREFILL_NEEDS_ABORT = Rule(
+    cel="!('RestartPrefill' in self.actions) || 'AbortRequests' in self.actions",
+    message=(
+        "RestartPrefill needs AbortRequests in actions: a prefill pod is restarted only when "
+        "aborting its requests did not drain its inflight queue"
+    ),
+    field_path=".actions",
+    check=lambda s: "RestartPrefill" not in s.actions or "AbortRequests" in s.actions,
+)
 _RESTART_NEEDS_CORDON = Rule(
     cel="!('RestartDecode' in self.actions) || 'CordonDecode' in self.actions",
     message="RestartDecode needs CordonDecode in actions: only a cordoned pod is restarted",
@@ -78,6 +100,11 @@ class RemediationSpec(ApiModel):
     transfer not) longer than wedgeAfterSeconds. pdwarden then fails the wedged rooms on the
     prefill side (FailRooms), takes the decode pod they wait on out of service (CordonDecode), and
     restarts that pod if it still makes no progress restartAfterSeconds later (RestartDecode).
+
+    Stock SGLang has no API to fail single rooms: there pdwarden aborts every request of the
+    wedged prefill pod (AbortRequests, SGLang's POST /abort_request with abort_all) and, if its
+    inflight queue still does not drain restartAfterSeconds later, restarts that prefill pod
+    (RestartPrefill, opt-in).
     """
 
     mode: Mode = Field(
@@ -101,12 +128,17 @@ class RemediationSpec(ApiModel):
         ),
     )
     actions: list[Action] = Field(
-        list(ACTIONS),
+        list(DEFAULT_ACTIONS),
         max_length=len(ACTIONS),
         description=(
             "What remediation may do, a set of FailRooms (fail wedged rooms on prefill), "
-            "CordonDecode (readiness gate False on the decode pod they wait on) and RestartDecode "
-            "(delete a cordoned decode pod that still makes no progress; needs CordonDecode)."
+            "CordonDecode (take the decode pod they wait on out of service: its readiness gate "
+            "for a PDDeployment, the cordon label for a PDRemediationPolicy), RestartDecode "
+            "(delete, for a policy evict, a cordoned decode pod that still makes no progress; "
+            "needs CordonDecode), AbortRequests (sglang: abort every request of a wedged prefill "
+            "pod, the only way stock SGLang frees wedged rooms) and RestartPrefill (sglang, "
+            "opt-in: delete a prefill pod whose inflight queue still does not drain "
+            "restartAfterSeconds after AbortRequests; needs AbortRequests)."
         ),
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
@@ -116,15 +148,17 @@ class RemediationSpec(ApiModel):
         le=86400,
         description=(
             "Seconds a cordoned decode pod may go without progress before RestartDecode deletes "
-            "it. At least scrapeIntervalSeconds."
+            "it, and seconds after AbortRequests before RestartPrefill deletes a prefill pod that "
+            "is still wedged. At least scrapeIntervalSeconds."
         ),
     )
     max_unavailable_decode: IntOrPercent = Field(
         "25%",
         description=(
             "Budget of decode pods that remediation may hold cordoned or restarting at once: a "
-            "count, or a percentage (0%-99%) of spec.decode.replicas rounded down. Remediation "
-            "never takes the last ready decode pod out of service."
+            "count, or a percentage (0%-99%) rounded down of spec.decode.replicas (for a "
+            "PDRemediationPolicy: of the pods decodeSelector matches). Remediation never takes "
+            "the last ready decode pod out of service."
         ),
     )
     max_actions_per_hour: int = Field(
@@ -152,6 +186,7 @@ class RemediationSpec(ApiModel):
         _WEDGE_AFTER_SCRAPE,
         _RESTART_AFTER_SCRAPE,
         _RESTART_NEEDS_CORDON,
+        _RESTART_PREFILL_NEEDS_ABORT,
     )
 
     @field_validator("actions")

@@ -14,6 +14,7 @@ from pydantic import Field
 from pdwarden.api.base import ApiModel, Rule, nested
 from pdwarden.api.pools import RouterSpec, WorkerPoolSpec
 from pdwarden.api.remediation import RemediationSpec
+from pdwarden.api.sglang import SGLangSpec
 
 Engine = Literal["pdworker", "sglang"]
 DEFAULT_BOOTSTRAP_PORT = 8998
@@ -58,6 +59,46 @@ class TransferSpec(ApiModel):
     )
 
 
+# Flags pdwarden itself puts on an SGLang worker's command line (render/engines.py). SGLang's
+# argparse keeps the last of a repeated flag, so a copy in args would silently override the spec
+# (or, for --tp-size, disagree with the GPUs requested); a spec that repeats one is refused.
+SGLANG_OWNED_FLAGS: tuple[str, ...] = (
+    "--model-path",
+    "--served-model-name",
+    "--disaggregation-mode",
+    "--disaggregation-transfer-backend",
+    "--disaggregation-bootstrap-port",
+    "--host",
+    "--port",
+    "--tp-size",
+    "--tp",
+    "--tensor-parallel-size",
+    "--enable-metrics",
+)
+
+
+def _repeats_owned_flag(args: list[str]) -> bool:
+    return any(a.split("=", 1)[0] in SGLANG_OWNED_FLAGS for a in args)
+
+
+def _owned_flag_rule(pool: str) -> Rule:
+    flags = ", ".join(f"'{f}'" for f in SGLANG_OWNED_FLAGS)
+    return Rule(
+        cel=(
+            f"self.engine != 'sglang' || !has(self.{pool}) || !has(self.{pool}.args) || "
+            f"!self.{pool}.args.exists(a, a in [{flags}] || "
+            f"[{flags}].exists(f, a.startsWith(f + '=')))"
+        ),
+        message=(
+            f"{pool}.args must not repeat a flag pdwarden sets for sglang "
+            f"({', '.join(SGLANG_OWNED_FLAGS)}): set it through the spec "
+            "(model, transfer, gpus for --tp-size)"
+        ),
+        field_path=f".{pool}.args",
+        check=lambda s: s.engine != "sglang" or not _repeats_owned_flag(getattr(s, pool).args),
+    )
+
+
 def _restarts_decode(s: PDDeploymentSpec) -> bool:
     r = s.remediation
     return r.mode == "Enforce" and "RestartDecode" in r.actions
@@ -93,6 +134,7 @@ class PDDeploymentSpec(ApiModel):
     )
     router: RouterSpec = nested(RouterSpec, "The router that pairs prefill and decode workers.")
     remediation: RemediationSpec = nested(RemediationSpec)
+    sglang: SGLangSpec = nested(SGLangSpec)
 
     RULES: ClassVar[tuple[Rule, ...]] = (
         Rule(
@@ -113,6 +155,8 @@ class PDDeploymentSpec(ApiModel):
             field_path=".decode.gpus",
             check=lambda s: s.engine != "sglang" or s.decode.gpus >= 1,
         ),
+        _owned_flag_rule("prefill"),
+        _owned_flag_rule("decode"),
         Rule(
             cel=(
                 "!has(self.remediation) || !has(self.decode) || "

@@ -21,12 +21,22 @@ CONDITION_TYPES: tuple[ConditionType, ...] = (
     "Wedged",
     "RemediationSuspended",
 )
-LedgerAction = Literal["FailRooms", "CordonDecode", "RestartDecode", "UncordonDecode"]
+LedgerAction = Literal[
+    "FailRooms",
+    "CordonDecode",
+    "RestartDecode",
+    "UncordonDecode",
+    "AbortRequests",
+    "RestartPrefill",
+]
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Wedged", "Failed"]
 MAX_WEDGES = 32
 MAX_HISTORY = 50
 MAX_CORDONED = 64
-MAX_MESSAGE = 1024
+MAX_MESSAGE = 1024  # ledger reasons, selectors, condition reasons
+MAX_CONDITION_MESSAGE = 32768  # metav1.Condition's own limit
+MAX_WEDGED_MESSAGE = 4000  # the Wedged condition lists findings; keep it readable
+MAX_NAME = 253  # a pod name (DNS-1123 subdomain)
 
 
 class Condition(StatusModel):
@@ -38,11 +48,13 @@ class Condition(StatusModel):
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(
         min_length=1,
-        max_length=1024,
+        max_length=MAX_MESSAGE,
         pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
         description="CamelCase reason for the last transition.",
     )
-    message: str = Field("", max_length=32768, description="Human-readable details.")
+    message: str = Field(
+        "", max_length=MAX_CONDITION_MESSAGE, description="Human-readable details."
+    )
     last_transition_time: AwareDatetime = Field(description="When status last changed.")
     observed_generation: int | None = Field(
         None, ge=0, description="metadata.generation this condition was computed from."
@@ -68,19 +80,19 @@ class DecodeStatus(RoleStatus):
 class WedgeFinding(StatusModel):
     """A current wedge: rooms stuck in a worker's queue past spec.remediation.wedgeAfterSeconds."""
 
-    pod: str = Field(max_length=253, description="Worker pod whose queue holds the rooms.")
+    pod: str = Field(max_length=MAX_NAME, description="Worker pod whose queue holds the rooms.")
     role: Literal["prefill", "decode"] = Field(description="Role of that pod.")
     reason: str = Field(max_length=64, description="Detection rule that fired, e.g. InflightStuck.")
     rooms: int = Field(0, ge=0, description="Number of wedged rooms.")
     oldest_seconds: float = Field(0, ge=0, description="Age in the queue of the oldest room.")
-    peer: str | None = Field(None, max_length=253, description="Decode pod the rooms wait on.")
+    peer: str | None = Field(None, max_length=MAX_NAME, description="Decode pod the rooms wait on.")
     since: AwareDatetime = Field(description="When the wedge was first seen.")
 
 
 class CordonRecord(StatusModel):
     """A decode pod held out of service by remediation."""
 
-    pod: str = Field(max_length=253, description="Cordoned decode pod.")
+    pod: str = Field(max_length=MAX_NAME, description="Cordoned decode pod.")
     since: AwareDatetime = Field(description="When it was cordoned.")
 
 
@@ -89,11 +101,20 @@ class LedgerEntry(StatusModel):
 
     time: AwareDatetime = Field(description="When the action was decided.")
     action: LedgerAction = Field(description="What was done.")
-    pod: str = Field(max_length=253, description="Pod acted on.")
+    pod: str = Field(max_length=MAX_NAME, description="Pod acted on.")
     peer: str | None = Field(
-        None, max_length=253, description="FailRooms: the decode pod the failed rooms waited on."
+        None,
+        max_length=MAX_NAME,
+        description="FailRooms: the decode pod the failed rooms waited on.",
     )
-    rooms: int = Field(0, ge=0, description="Rooms failed by the action.")
+    rooms: int = Field(
+        0,
+        ge=0,
+        description=(
+            "FailRooms: rooms failed. AbortRequests: requests the prefill pod held (running, "
+            "waiting, bootstrap and inflight queues) just before all of them were aborted."
+        ),
+    )
     reason: str = Field("", max_length=MAX_MESSAGE, description="Why, in a sentence.")
     dry_run: bool = Field(False, description="True if the action was only recorded (DryRun).")
     outcome: Literal["Succeeded", "Failed", "Skipped"] = Field(

@@ -16,6 +16,7 @@ from typing import Any, Final
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 Obj = dict[str, Any]
 
@@ -35,6 +36,7 @@ _PLURALS: Final[dict[str, tuple[str, bool]]] = {
     "PDDeployment": ("pddeployments", True),
 }
 DEFAULT_TIMEOUT: Final = 15.0
+MAX_REASON: Final = 1024
 
 
 class ApiError(Exception):
@@ -69,9 +71,10 @@ def resource_path(
 def _message(e: ApiException) -> str:
     try:
         body = json.loads(e.body or "{}")
-    except ValueError:
-        return str(e.reason)
-    return str(body.get("message") or e.reason)
+    except (ValueError, RecursionError):
+        return str(e.reason)[:MAX_REASON]
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message or e.reason)[:MAX_REASON]
 
 
 @dataclass
@@ -119,8 +122,12 @@ class KubeClient:
             return await asyncio.wait_for(asyncio.to_thread(call), self.timeout + 2)
         except ApiException as e:
             raise ApiError(int(e.status or 0), _message(e)) from None
-        except (TimeoutError, OSError) as e:
-            raise ApiError(0, f"{method} {path}: {type(e).__name__}: {e}") from None
+        except (TimeoutError, OSError, HTTPError) as e:
+            # HTTPError: urllib3's MaxRetryError and friends when the API server is down; they
+            # are not OSErrors, and must read as "unreachable" (status 0), never escape.
+            raise ApiError(0, f"{method} {path}: {type(e).__name__}: {e}"[:MAX_REASON]) from None
+        except (ValueError, RecursionError) as e:
+            raise ApiError(0, f"{method} {path}: unreadable answer: {type(e).__name__}") from None
 
     async def apply(self, obj: Obj, field_manager: str) -> Obj:
         """Server-side apply `obj` as `field_manager`, taking ownership of its fields."""
@@ -165,12 +172,24 @@ class KubeClient:
         return items
 
     async def patch_status(
-        self, api_version: str, kind: str, namespace: str, name: str, status: Obj
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        status: Obj,
+        *,
+        resource_version: str | None = None,
     ) -> Obj:
+        """Merge-patch the status subresource. With `resource_version` the write is guarded:
+        the API server answers 409 if the object changed since that version."""
+        body: Obj = {"status": status}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
         return await self._call(
             "PATCH",
             resource_path(api_version, kind, namespace, name, "status"),
-            body={"status": status},
+            body=body,
             content_type="application/merge-patch+json",
         )
 

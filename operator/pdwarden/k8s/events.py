@@ -6,15 +6,21 @@ refusal and dry-run decision is posted here, never only logged.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-from pdwarden.k8s.client import ApiError, KubeClient
+from pdwarden import metrics
 
 Obj = dict[str, Any]
 COMPONENT = "pdwarden"
 MAX_MESSAGE = 1024
+log = logging.getLogger("pdwarden.events")
+
+
+class EventSink(Protocol):
+    async def create_event(self, event: Obj) -> None: ...
 
 
 def object_ref(obj: Obj) -> Obj:
@@ -55,15 +61,18 @@ def build_event(
 
 
 async def post_event(
-    client: KubeClient,
+    client: EventSink,
     involved: Obj,
     reason: str,
     message: str,
     type_: Literal["Normal", "Warning"] = "Normal",
 ) -> bool:
-    """Post an Event; a failure to post is reported by the return value, never raised."""
+    """Post an Event; a failure to post is counted and reported by the return value, never
+    raised (an Event is worth less than the action or cycle that posts it)."""
     try:
         await client.create_event(build_event(involved, reason, message, type_))
-    except ApiError:
+    except Exception as e:  # contained by design, counted below
+        metrics.ERRORS.labels("event").inc()
+        log.debug("event %s not posted: %s: %s", reason, type(e).__name__, e)
         return False
     return True

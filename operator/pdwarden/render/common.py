@@ -10,9 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-from pdwarden import __version__
+from pdwarden import __version__, constants
 from pdwarden.constants import (
     API_VERSION,
     KIND,
@@ -23,7 +23,8 @@ from pdwarden.constants import (
 
 Obj = dict[str, Any]
 
-WORKER_PORT = 8000
+WORKER_PORT: Final = constants.WORKER_PORT  # the one definition is in constants
+
 ADMIN_TOKEN_KEY = "token"
 ADMIN_TOKEN_DIR = "/var/run/pdwarden/admin"
 BOOTSTRAP_TOKEN_DIR = "/var/run/pdwarden/bootstrap"

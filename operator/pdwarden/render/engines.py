@@ -8,8 +8,10 @@ stay engine-agnostic, and lets tests check the SGLang flags against SGLang's doc
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from pdwarden.api import PDDeploymentSpec
+from pdwarden.api.sglang import SGLangSpec, shm_size_for
 from pdwarden.constants import LABEL_DEPLOYMENT, LABEL_ROLE, ROLE_DECODE, ROLE_PREFILL
 from pdwarden.render.common import (
     ADMIN_TOKEN_DIR,
@@ -29,13 +31,47 @@ from pdworker.contract import (
 SGLANG_BOOTSTRAP_ANNOTATION = "sglang.ai/bootstrap-port"
 
 
+# SGLang 0.5.23 entrypoints/http_server.py: /ready answers 200 once warm-up finished and the
+# server is not paused, without running anything; /health runs a one-token generation when idle
+# and gives up after SGLANG_HEALTH_CHECK_TIMEOUT (default 20 s), so its probe timeout is above it.
+SGLANG_READY_PATH = "/ready"
+SGLANG_HEALTH_PATH = "/health"
+SGLANG_HEALTH_TIMEOUT_SECONDS = 25
+SGLANG_STARTUP_PERIOD_SECONDS = 10
+CACHE_DIR = "/cache"
+SHM_DIR = "/dev/shm"
+# Where SGLang and its libraries write (srt/environ.py: SGLANG_CACHE_DIR and
+# third_party_cache_defaults(), which puts Triton, Inductor, CUDA, TileLang and FlashInfer caches
+# below it; huggingface_hub: HF_HOME). HOME covers anything that still writes under ~.
+SGLANG_CACHE_ENV = {
+    "HF_HOME": f"{CACHE_DIR}/huggingface",
+    "SGLANG_CACHE_DIR": f"{CACHE_DIR}/sglang",
+    "XDG_CACHE_HOME": f"{CACHE_DIR}/xdg",
+    "HOME": f"{CACHE_DIR}/home",
+}
+
+
+@dataclass(frozen=True)
+class Probes:
+    """Probe paths and timings of the main container."""
+
+    health_path: str = "/healthz"
+    ready_path: str = "/readyz"
+    health_timeout: int = 2
+    health_period: int = 10
+    startup_path: str | None = None  # None: the health path
+    startup_period: int = 2
+    startup_failures: int = 150
+
+
 @dataclass(frozen=True)
 class Launch:
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
-    health_path: str = "/healthz"
-    ready_path: str = "/readyz"
+    probes: Probes = field(default_factory=Probes)
+    volumes: tuple[dict[str, Any], ...] = ()
+    mounts: tuple[dict[str, Any], ...] = ()
 
 
 def worker_launch(spec: PDDeploymentSpec, role: str) -> Launch:
@@ -88,8 +124,7 @@ def router_launch(spec: PDDeploymentSpec, owner: Owner) -> Launch:
                 str(WORKER_PORT),
                 *spec.router.args,
             ],
-            health_path="/health",
-            ready_path="/health",
+            probes=Probes(health_path="/health", ready_path="/health"),
         )
     return Launch(
         command=[
@@ -134,8 +169,32 @@ def _sglang_worker(spec: PDDeploymentSpec, role: str, gpus: int, args: list[str]
     )
     return Launch(
         command=[*command, *args],
-        env={"SGLANG_DISAGGREGATION_NIXL_BACKEND": spec.transfer.nixl_backend},
+        env={"SGLANG_DISAGGREGATION_NIXL_BACKEND": spec.transfer.nixl_backend, **SGLANG_CACHE_ENV},
         annotations=annotations,
-        health_path="/health",
-        ready_path="/health",
+        probes=_sglang_probes(spec.sglang),
+        volumes=_sglang_volumes(spec.sglang, gpus),
+        mounts=({"name": "cache", "mountPath": CACHE_DIR}, {"name": "dshm", "mountPath": SHM_DIR}),
     )
+
+
+def _sglang_probes(knobs: SGLangSpec) -> Probes:
+    return Probes(
+        health_path=SGLANG_HEALTH_PATH,
+        ready_path=SGLANG_READY_PATH,
+        health_timeout=SGLANG_HEALTH_TIMEOUT_SECONDS,
+        health_period=30,
+        startup_path=SGLANG_READY_PATH,
+        startup_period=SGLANG_STARTUP_PERIOD_SECONDS,
+        startup_failures=-(-knobs.startup_timeout_seconds // SGLANG_STARTUP_PERIOD_SECONDS),
+    )
+
+
+def _sglang_volumes(knobs: SGLangSpec, gpus: int) -> tuple[dict[str, Any], ...]:
+    claim = knobs.cache.persistent_volume_claim
+    cache: dict[str, Any] = (
+        {"name": "cache", "persistentVolumeClaim": {"claimName": claim}}
+        if claim
+        else {"name": "cache", "emptyDir": {"sizeLimit": knobs.cache.size_limit}}
+    )
+    shm = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size_for(knobs, gpus)}}
+    return (cache, shm)

@@ -59,11 +59,11 @@ def _resources(settings: PodSettings, gpus: int) -> Obj:
     return resources
 
 
-def _probe(path: str, period: int, failures: int) -> Obj:
+def _probe(path: str, period: int, failures: int, timeout: int = 2) -> Obj:
     return {
         "httpGet": {"path": path, "port": "http"},
         "periodSeconds": period,
-        "timeoutSeconds": 2,
+        "timeoutSeconds": timeout,
         "failureThreshold": failures,
     }
 
@@ -82,15 +82,25 @@ def pod_template(
 ) -> Obj:
     """The pod template of one role. `admin_secret` mounts the worker admin token when given,
     `bootstrap_secret` the deployment's KV-handshake key."""
+    probes = launch.probes
     container: Obj = {
         "name": role,
         "image": image_of(spec),
         "command": launch.command,
         "env": _env(launch, settings),
         "ports": [{"name": "http", "containerPort": WORKER_PORT, "protocol": "TCP"}],
-        "readinessProbe": _probe(launch.ready_path, period=2, failures=2),
-        "livenessProbe": {**_probe(launch.health_path, period=10, failures=3)},
-        "startupProbe": _probe(launch.health_path, period=2, failures=150),
+        "readinessProbe": _probe(probes.ready_path, period=2, failures=2),
+        "livenessProbe": _probe(
+            probes.health_path,
+            period=probes.health_period,
+            failures=3,
+            timeout=probes.health_timeout,
+        ),
+        "startupProbe": _probe(
+            probes.startup_path or probes.health_path,
+            period=probes.startup_period,
+            failures=probes.startup_failures,
+        ),
         "resources": _resources(settings, gpus),
         "securityContext": {
             "runAsNonRoot": True,
@@ -98,7 +108,7 @@ def pod_template(
             "readOnlyRootFilesystem": True,
             "capabilities": {"drop": ["ALL"]},
         },
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *launch.mounts],
     }
     if spec.image_pull_policy:
         container["imagePullPolicy"] = spec.image_pull_policy
@@ -106,7 +116,7 @@ def pod_template(
         container["ports"].append(
             {"name": "bootstrap", "containerPort": spec.transfer.bootstrap_port, "protocol": "TCP"}
         )
-    volumes: list[Obj] = [{"name": "tmp", "emptyDir": {}}]
+    volumes: list[Obj] = [{"name": "tmp", "emptyDir": {}}, *launch.volumes]
     if admin_secret:
         volumes.append(
             {"name": "admin-token", "secret": {"secretName": admin_secret, "defaultMode": 0o440}}

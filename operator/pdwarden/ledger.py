@@ -1,0 +1,253 @@
+"""What a remediation cycle records: ledger entries, the breaker's reset, the status it writes.
+
+Why pure: the ledger is the operator's durable memory (cooldowns and the circuit breaker read
+it after a restart or a failover), and the conditions are what users read first. Building them
+is a function of plain data here, unit-tested without a client; `remediate` only performs the
+actions and hands the outcomes in. The merge functions at the end keep two writers (two replicas
+after a failover, or reconcile and remediation) from erasing each other's entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Final, Literal
+
+from pdwarden import sanitize
+from pdwarden.api import (
+    CordonRecord,
+    LedgerEntry,
+    PDDeploymentStatus,
+    RemediationSpec,
+    RemediationStatus,
+    WedgeFinding,
+    parse_status,
+    status_to_wire,
+)
+from pdwarden.api.status import (
+    MAX_CORDONED,
+    MAX_HISTORY,
+    MAX_MESSAGE,
+    MAX_WEDGED_MESSAGE,
+    MAX_WEDGES,
+)
+from pdwarden.conditions import phase_of, set_condition
+from pdwarden.constants import ANNOTATION_RESET_BREAKER
+from pdwarden.detection import Detection, Finding
+from pdwarden.remediation import Action, DecodePod, Plan, breaker
+
+Outcome = Literal["Succeeded", "Failed", "Skipped"]
+SUSPENDED: Final = "RemediationSuspended"
+
+
+def breaker_reset_at(
+    annotations: Mapping[str, Any],
+    generation: int | None,
+    previous: PDDeploymentStatus,
+    now: datetime,
+) -> datetime | None:
+    """The breaker resets on the reset annotation, or when the spec changed since it tripped."""
+    if ANNOTATION_RESET_BREAKER in annotations:
+        return now
+    tripped = next((c for c in previous.conditions if c.type == SUSPENDED), None)
+    if (
+        tripped is not None
+        and tripped.status == "True"
+        and tripped.observed_generation is not None
+        and tripped.observed_generation != generation
+    ):
+        return now
+    return (previous.remediation or RemediationStatus()).breaker_reset_at
+
+
+def ledger_entry(
+    action: Action,
+    *,
+    now: datetime,
+    dry_run: bool,
+    outcome: Outcome,
+    detail: str = "",
+    rooms: int | None = None,
+) -> LedgerEntry:
+    """One ledger entry; every string is bounded and cleaned, so building it cannot fail."""
+    reason = action.reason + (f"; {detail}" if detail else "")
+    count = action.room_count if rooms is None else rooms
+    return LedgerEntry(
+        time=now, action=action.kind, pod=sanitize.text(action.pod, sanitize.MAX_POD_NAME),
+        peer=sanitize.pod_name(action.peer), rooms=max(count, 0),
+        reason=sanitize.text(reason, MAX_MESSAGE), dry_run=dry_run, outcome=outcome,
+    )  # fmt: skip
+
+
+def wedge_record(f: Finding, now: datetime) -> WedgeFinding:
+    return WedgeFinding(
+        pod=sanitize.text(f.pod, sanitize.MAX_POD_NAME), role=f.role,
+        reason=f.reason, rooms=max(f.room_count, 0),
+        oldest_seconds=round(sanitize.seconds(f.oldest_seconds), 1),
+        peer=sanitize.pod_name(f.peer), since=now,
+    )  # fmt: skip
+
+
+def _wedged(detection: Detection) -> tuple[bool | None, str, str]:
+    if detection.findings:
+        message = "; ".join(f"{f.reason} on {f.pod}: {f.evidence}" for f in detection.findings)
+        return True, "WedgesFound", message
+    if detection.unknown:
+        pods = "; ".join(detection.unknown)
+        return (
+            None,
+            "MetricsUnavailable",
+            f"cannot judge (no action is taken on these pods): {pods}",
+        )
+    return False, "NoWedges", "every worker's queues are moving"
+
+
+def _suspended_message(used: int, limit: int, is_open: bool, held_back: Sequence[str]) -> str:
+    if is_open:
+        text = (
+            f"{used} actions in the last hour reached maxActionsPerHour {limit}; reset with the "
+            f"annotation {ANNOTATION_RESET_BREAKER} or by changing the spec"
+        )
+    else:
+        text = f"{used} of {limit} actions used this hour"
+    held = "; ".join(held_back)
+    return text + (f". Held back: {held}" if held else "")
+
+
+def cycle_status(
+    *,
+    previous: PDDeploymentStatus,
+    policy: RemediationSpec,
+    generation: int | None,
+    detection: Detection,
+    decision: Plan,
+    history: Sequence[LedgerEntry],
+    decodes: Sequence[DecodePod],
+    now: datetime,
+    reset_at: datetime | None,
+) -> PDDeploymentStatus:
+    """The status after a cycle: `history` is the ledger including this cycle's entries."""
+    history = list(history)[-MAX_HISTORY:]
+    cordoned = [
+        CordonRecord(pod=d.name, since=d.cordoned_since)
+        for d in decodes
+        if d.cordoned_since is not None
+    ][:MAX_CORDONED]
+    state = breaker(
+        history, now, dry_run=decision.dry_run, reset_at=reset_at, limit=policy.max_actions_per_hour
+    )
+    remediation = RemediationStatus(
+        history=history, cordoned=cordoned, actions_last_hour=state.used, suspended=state.open,
+        decode_budget=max(decision.budget, 0), breaker_reset_at=reset_at,
+    )  # fmt: skip
+    wedged, reason, message = _wedged(detection)
+    conditions = set_condition(
+        list(previous.conditions), "Wedged", status=wedged, reason=reason,
+        message=sanitize.text(message, MAX_WEDGED_MESSAGE), now=now, generation=generation,
+    )  # fmt: skip
+    conditions = set_condition(
+        conditions, SUSPENDED, status=state.open,
+        reason="CircuitBreakerOpen" if state.open else "WithinBudget",
+        message=_suspended_message(state.used, state.limit, state.open, decision.held_back),
+        now=now, generation=generation,
+    )  # fmt: skip
+    before = next((c for c in previous.conditions if c.type == SUSPENDED), None)
+    if state.open and before is not None and before.status == "True":
+        # Keep the generation it tripped at, so a spec change is what resets it.
+        conditions = [
+            c.model_copy(update={"observed_generation": before.observed_generation})
+            if c.type == SUSPENDED else c
+            for c in conditions
+        ]  # fmt: skip
+    return previous.model_copy(
+        update={
+            "conditions": conditions,
+            "wedges": [wedge_record(f, now) for f in detection.findings][:MAX_WEDGES],
+            "wedged_rooms": detection.wedged_rooms,
+            "remediation": remediation,
+            "phase": phase_of(conditions, invalid=previous.phase == "Failed"),
+        }
+    )
+
+
+# -- two writers, one ledger ---------------------------------------------------------------
+
+EntryKey = tuple[str, str, str, str, int, str, bool, str]
+
+
+def entry_key(e: LedgerEntry) -> EntryKey:
+    """An entry's identity is all of it: the same record seen twice (a write whose answer was
+    lost, then carried again) is one entry; two that differ in anything are two."""
+    return (
+        e.time.isoformat(),
+        e.action,
+        e.pod,
+        e.peer or "",
+        e.rooms,
+        e.reason,
+        e.dry_run,
+        e.outcome,
+    )
+
+
+def merge_history(*histories: Iterable[LedgerEntry]) -> list[LedgerEntry]:
+    """The union of ledgers (the first copy of an entry wins), oldest first, bounded."""
+    seen: dict[EntryKey, LedgerEntry] = {}
+    for history in histories:
+        for e in history:
+            seen.setdefault(entry_key(e), e)
+    merged = sorted(seen.values(), key=lambda e: e.time)  # stable: equal times keep their order
+    return merged[-MAX_HISTORY:]
+
+
+def missing_from(
+    history: Sequence[LedgerEntry], entries: Iterable[LedgerEntry]
+) -> list[LedgerEntry]:
+    """`entries` that `history` does not hold (yet)."""
+    have = {entry_key(e) for e in history}
+    return [e for e in entries if entry_key(e) not in have]
+
+
+def _three_way(ours: Any, base: Any, theirs: Any) -> Any:
+    """Our value if we changed it since `base`, else theirs."""
+    return theirs if ours == base else ours
+
+
+def rebase(
+    ours: PDDeploymentStatus, base: PDDeploymentStatus, theirs: PDDeploymentStatus
+) -> PDDeploymentStatus:
+    """Our status computed from `base`, re-applied on `theirs` (what the object holds now).
+
+    The ledger is the union of both (nothing either writer recorded is lost); every other field,
+    and each condition by type, is ours where we changed it since `base` and theirs otherwise.
+    """
+    o, b, t = status_to_wire(ours), status_to_wire(base), status_to_wire(theirs)
+    out: dict[str, Any] = {}
+    for key in {*o, *b, *t} - {"conditions", "remediation", "phase"}:
+        value = _three_way(o.get(key), b.get(key), t.get(key))
+        if value is not None:
+            out[key] = value
+    by_type = [{c["type"]: c for c in s.get("conditions") or []} for s in (o, b, t)]
+    conditions = []
+    for type_ in dict.fromkeys([*by_type[2], *by_type[0]]):
+        value = _three_way(by_type[0].get(type_), by_type[1].get(type_), by_type[2].get(type_))
+        if value is not None:
+            conditions.append(value)
+    out["conditions"] = conditions
+    ro, rb, rt = (s.get("remediation") or {} for s in (o, b, t))
+    if ro or rt:
+        rem = {k: _three_way(ro.get(k), rb.get(k), rt.get(k)) for k in {*ro, *rb, *rt}}
+        rem = {k: v for k, v in rem.items() if v is not None}
+        mine = (ours.remediation or RemediationStatus()).history
+        older = (base.remediation or RemediationStatus()).history
+        theirs_history = (theirs.remediation or RemediationStatus()).history
+        history = merge_history(theirs_history, missing_from(older, mine))
+        rem["history"] = [status_to_wire_entry(e) for e in history]
+        out["remediation"] = rem
+    merged = parse_status(out)
+    invalid = _three_way(o.get("phase"), b.get("phase"), t.get("phase")) == "Failed"
+    return merged.model_copy(update={"phase": phase_of(merged.conditions, invalid=invalid)})
+
+
+def status_to_wire_entry(e: LedgerEntry) -> dict[str, Any]:
+    return e.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -1,0 +1,252 @@
+"""From pods and scrape results to what detection and policy judge: targets, views, staleness.
+
+Why pure: which pods are scraped, which count as stale (never judged, never acted on) and what a
+decode pod's serving state is decide whether pdwarden touches a pod at all. These are plain
+functions over the pod objects the API server returned and the scrape results of this and
+earlier cycles (`DeploymentMemory`, kept by the shell between cycles); no clock is read here.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any, Final
+
+from pdwarden import sanitize
+from pdwarden.api import LedgerEntry
+from pdwarden.constants import CONDITION_SERVING, LABEL_ROLE, ROLE_DECODE, ROLE_PREFILL
+from pdwarden.detection import Detection, Finding, PodView
+from pdwarden.remediation import DecodePod
+from pdwarden.samples import RoomView, Sample
+
+Obj = Mapping[str, Any]
+# A pod whose last good scrape is older than this many scrape intervals is stale.
+STALE_AFTER_INTERVALS: Final = 2.5
+WORKER_ROLES: Final = (ROLE_PREFILL, ROLE_DECODE)
+
+
+@dataclass(frozen=True)
+class WorkerPod:
+    """A pod to scrape: running, with an IP, of a worker role."""
+
+    name: str
+    uid: str
+    role: str
+    ip: str
+    rooms: bool  # also read its rooms (pdworker prefill has an admin rooms API)
+    engine: str | None = None  # picks the metrics adapter, so only that engine's series are kept
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one scrape of one pod returned (a sample, or an error)."""
+
+    uid: str
+    sample: Sample | None = None
+    rooms: tuple[RoomView, ...] | None = None
+    error: str | None = None
+
+
+@dataclass
+class PodMemory:
+    samples: deque[Sample] = field(default_factory=deque)
+    last_error: str | None = None
+    last_ok: float | None = None
+
+
+@dataclass
+class DeploymentMemory:
+    """What one operator process remembers of one PDDeployment between cycles (lost on restart,
+    by design: the durable part is the ledger in status)."""
+
+    pods: dict[str, PodMemory] = field(default_factory=dict)  # by pod uid
+    first_seen: dict[tuple[str, str, str], datetime] = field(default_factory=dict)
+    # Ledger entries of actions taken but not yet in a status write that succeeded: the next
+    # plan counts them (cooldown, breaker) and the next write carries them.
+    unrecorded: list[LedgerEntry] = field(default_factory=list)
+    foreign: set[str] = field(default_factory=set)  # look-alike pods already reported
+
+
+def _role(pod: Obj) -> str | None:
+    role = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_ROLE)
+    return role if isinstance(role, str) else None
+
+
+def scrape_targets(pods: Sequence[Obj], engine: str) -> list[WorkerPod]:
+    """Worker pods that can be scraped now: running, not terminating, with a pod IP."""
+    out = []
+    for pod in pods:
+        meta, st = pod.get("metadata") or {}, pod.get("status") or {}
+        role = _role(pod)
+        if role not in WORKER_ROLES or not st.get("podIP") or not meta.get("uid"):
+            continue
+        if meta.get("deletionTimestamp") or st.get("phase") != "Running":
+            continue
+        out.append(
+            WorkerPod(
+                name=str(meta["name"]), uid=str(meta["uid"]), role=str(role),
+                ip=str(st["podIP"]), rooms=(engine == "pdworker" and role == ROLE_PREFILL),
+                engine=engine,
+            )
+        )  # fmt: skip
+    return out
+
+
+def observation(
+    uid: str,
+    sample: Sample | None,
+    rooms: Sequence[RoomView] | None,
+    error: str | None,
+) -> Observation:
+    """One scrape result, cleaned: hostile strings and numbers never reach detection."""
+    if sample is None:
+        return Observation(uid, error=sanitize.error(error) or "no sample")
+    clean = None if rooms is None else tuple(sanitize.room(r) for r in rooms)
+    return Observation(uid, sample=sample, rooms=clean)
+
+
+def remember(
+    mem: DeploymentMemory, observations: Sequence[Observation], keep_seconds: float
+) -> None:
+    """Fold this cycle's observations into the per-pod history; forget pods no longer scraped."""
+    alive = {o.uid for o in observations}
+    for uid in list(mem.pods):
+        if uid not in alive:
+            del mem.pods[uid]
+    for o in observations:
+        pm = mem.pods.setdefault(o.uid, PodMemory())
+        if o.sample is None:
+            pm.last_error = o.error
+            continue
+        pm.last_error = None
+        pm.last_ok = o.sample.at
+        pm.samples.append(o.sample)
+        while pm.samples and o.sample.at - pm.samples[0].at > keep_seconds:
+            pm.samples.popleft()
+
+
+def is_stale(pm: PodMemory, mono: float, interval: float) -> bool:
+    """Stale: the last scrape failed, or the last good one is older than 2.5 intervals."""
+    if pm.last_error is not None or pm.last_ok is None:
+        return True
+    return mono - pm.last_ok > STALE_AFTER_INTERVALS * interval
+
+
+def attribute_peers(
+    rooms: Sequence[RoomView], decode_ips: Mapping[str, str]
+) -> tuple[RoomView, ...]:
+    """Name each room's decode peer from the address the prefill verified, never from the
+    peer's own word: a room whose verified address is one of our decode pods' IPs is that
+    pod's; one whose address is no current decode pod's is attributed to the bare address (it
+    can match no pod, so it is judged gone and can get no pod cordoned); one with no verified
+    address has no peer at all."""
+    out = []
+    for r in rooms:
+        if r.peer_ip is None:
+            out.append(replace(r, peer_pod=None, peer_incarnation=None))
+        else:
+            out.append(replace(r, peer_pod=decode_ips.get(r.peer_ip, r.peer_ip)))
+    return tuple(out)
+
+
+def pod_views(
+    targets: Sequence[WorkerPod],
+    observations: Mapping[str, Observation],
+    mem: DeploymentMemory,
+    mono: float,
+    interval: float,
+) -> list[PodView]:
+    """What detection sees of each scraped pod: its recent history, rooms (peers named by
+    verified address), and staleness."""
+    decode_ips = {t.ip: t.name for t in targets if t.role == ROLE_DECODE}
+    views = []
+    for t in targets:
+        pm = mem.pods.get(t.uid, PodMemory())
+        o = observations.get(t.uid)
+        rooms = None if o is None or o.rooms is None else attribute_peers(o.rooms, decode_ips)
+        views.append(
+            PodView(
+                name=t.name, role=t.role, uid=t.uid, history=tuple(pm.samples),
+                rooms=rooms,
+                stale=is_stale(pm, mono, interval) or o is None, error=pm.last_error,
+            )
+        )  # fmt: skip
+    return views
+
+
+def stale_pods(pods: Sequence[Obj], views: Sequence[PodView]) -> set[str]:
+    """Worker pods nobody may judge: stale views, and pods that exist but could not be scraped
+    (no IP yet, not running, terminating)."""
+    stale = {v.name for v in views if v.stale}
+    scraped = {v.name for v in views}
+    for pod in pods:
+        name = str((pod.get("metadata") or {}).get("name") or "")
+        if _role(pod) in WORKER_ROLES and name not in scraped:
+            stale.add(name)
+    return stale
+
+
+def _condition(pod: Obj, type_: str) -> Obj | None:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == type_:
+            return c
+    return None
+
+
+def decode_pod(pod: Obj, stale: bool, now: datetime) -> DecodePod:
+    """A decode pod's serving state; one whose cordon time cannot be read counts as cordoned
+    now (the safe reading: no restart is hurried, no uncordon is skipped)."""
+    meta = pod.get("metadata") or {}
+    serving = _condition(pod, CONDITION_SERVING)
+    since = None
+    if serving is not None and serving.get("status") == "False":
+        raw = serving.get("lastTransitionTime")
+        try:
+            since = datetime.fromisoformat(str(raw).replace("Z", "+00:00")) if raw else now
+        except ValueError:
+            since = now
+        if since.tzinfo is None:
+            since = now
+    ready = (_condition(pod, "Ready") or {}).get("status") == "True"
+    return DecodePod(
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        ready=ready,
+        cordoned_since=since,
+        terminating=bool(meta.get("deletionTimestamp")),
+        stale=stale,
+    )
+
+
+def decode_pods(
+    pods: Sequence[Obj], stale: set[str], now: datetime, role: str = ROLE_DECODE
+) -> list[DecodePod]:
+    """The serving state of every pod of one role (decode by default; the SGLang prefill rung
+    reads prefill pods the same way)."""
+    out = []
+    for p in pods:
+        if _role(p) == role:
+            name = str((p.get("metadata") or {}).get("name") or "")
+            out.append(decode_pod(p, name in stale, now))
+    return out
+
+
+FindingKey = tuple[str, str, str]
+
+
+def new_findings(
+    first_seen: dict[FindingKey, datetime], detection: Detection, now: datetime
+) -> list[Finding]:
+    """Findings not seen in the previous cycle (announced once); `first_seen` is updated."""
+    current = {(f.pod, f.reason, f.peer or ""): f for f in detection.findings}
+    for key in list(first_seen):
+        if key not in current:
+            del first_seen[key]
+    fresh = []
+    for key, f in current.items():
+        if key not in first_seen:
+            first_seen[key] = now
+            fresh.append(f)
+    return fresh

@@ -1,0 +1,61 @@
+"""The two seams of the operator's shells: what they need from Kubernetes and from worker pods.
+
+Why: `reconcile`, `remediate` and `handlers` are the code that runs during incidents, so they
+must be testable without a cluster. They depend on these Protocols, which `k8s.KubeClient` and
+`scraping.WorkerClient` satisfy in production and in-memory fakes satisfy in tests (tests/shell),
+with failures injected at will. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from pdwarden.scraping import ScrapeResult, Target
+
+Obj = dict[str, Any]
+
+
+class KubeApi(Protocol):
+    """The verbs the shells use; errors are `k8s.ApiError` (status 0 = API server unreachable)."""
+
+    async def apply(self, obj: Obj, field_manager: str) -> Obj: ...
+
+    async def create(self, obj: Obj) -> Obj | None: ...
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None: ...
+
+    async def list(
+        self, api_version: str, kind: str, namespace: str, label_selector: str
+    ) -> list[Obj]: ...
+
+    async def patch_status(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        status: Obj,
+        *,
+        resource_version: str | None = None,
+    ) -> Obj: ...
+
+    async def patch_metadata(
+        self, api_version: str, kind: str, namespace: str, name: str, metadata: Obj
+    ) -> Obj: ...
+
+    async def set_pod_condition(self, namespace: str, name: str, condition: Obj) -> Obj: ...
+
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> bool: ...
+
+    async def create_event(self, event: Obj) -> None: ...
+
+
+class WorkerApi(Protocol):
+    """HTTP to worker pods: scrape metrics (and rooms), fail rooms by id."""
+
+    async def scrape(self, targets: Sequence[Target], token: str | None) -> list[ScrapeResult]: ...
+
+    async def fail_rooms(self, target: Target, rooms: Sequence[int], token: str | None) -> int: ...
+
+    async def close(self) -> None: ...
