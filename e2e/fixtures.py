@@ -28,8 +28,9 @@ from e2e.cluster.controlplane import (
 )
 
 EXTERNAL_ENV = "PDWARDEN_E2E_KUBECONFIG"
-# One sample per finished remediation cycle of one PDDeployment (operator/pdwarden/metrics.py).
-CYCLES_METRIC = "pdwarden_scrape_cycle_seconds_count"
+# Remediation cycles finished, whatever their outcome, per PDDeployment (operator/pdwarden/
+# metrics.py REMEDIATION_CYCLES); summed over the deployments of one test's operator.
+CYCLES_METRIC = "pdwarden_remediation_cycles_total"
 # Longest a test waits for earlier tests' pods to finish terminating before it starts.
 QUIET_TIMEOUT = 120.0
 T = TypeVar("T")
@@ -231,10 +232,9 @@ class OperatorProcess:
         (one more than asked: the cycle running now may have started before the call).
 
         "Nothing happened" is asserted after this, never after a sleep: a cycle that would have
-        acted has then provably run. Default: remediation cycles, counted by the histogram
-        `pdwarden_scrape_cycle_seconds` (one observation per cycle of one PDDeployment; each
-        test's operator watches only its own namespace). Pass "pdwarden_reconciles_total" for
-        reconcile passes."""
+        acted has then provably run. Default: remediation cycles (`pdwarden_remediation_cycles`,
+        each test's operator watches only its own namespace). Pass "pdwarden_reconcile_passes_total"
+        for reconcile passes."""
         start = self.metric(metric)
         want = start + cycles + 1
         deadline = time.monotonic() + timeout

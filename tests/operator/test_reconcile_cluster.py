@@ -184,7 +184,7 @@ def test_two_operators_only_one_acts_and_the_standby_takes_over(
         assert active.metric("pdwarden_reconciles_total") > before
         # Two more passes of the active replica with the change in place, and a fresh heartbeat
         # of the standby since it joined: alive and peered all along, it made no pass.
-        active.wait_cycles(2, "pdwarden_reconciles_total")
+        active.wait_cycles(2, "pdwarden_reconcile_passes_total")
         cluster.wait_until(
             "a newer heartbeat of the standby",
             lambda: (_heartbeat(cluster, ns, 100) or "") > joined,
