@@ -174,6 +174,7 @@ def test_remediation_works_under_the_charts_rbac(release: Release, cluster: Clus
 
 
 ALLOWED = [
+    ("get", "pddeployments.pdwarden.dev"),
     ("list", "pddeployments.pdwarden.dev"),
     ("watch", "pddeployments.pdwarden.dev"),
     ("patch", "pddeployments.pdwarden.dev"),
