@@ -171,10 +171,8 @@ class Observer:
             first = reason not in {e["reason"] for e in self.events}
             with self.lock:
                 self.events.append({"t": time.time(), "reason": reason, "message": message})
-            if narrate and first:
-                self.say(f"Event {reason}: {EVENT_STORY[reason]}\n{' ' * 10}{shorten(message)}")
-            elif narrate:
-                self.say(f"Event {reason}: {shorten(message)}")
+            if narrate:
+                self.say(event_line(reason, message, first))
 
     # -- queries for the scenario --------------------------------------------------------------
 
@@ -188,6 +186,16 @@ class Observer:
     def snapshot(self) -> tuple[dict[str, PodView], dict[str, Any]]:
         with self.lock:
             return dict(self.pods), dict(self.status)
+
+
+def event_line(reason: str, message: str, first: bool) -> str:
+    """One line per operator Event: the story the first time a reason appears, then the facts.
+
+    The operator's messages start with the action's name (`CordonDecode demo-decode-0: ...`);
+    repeating it after `Event CordonDecode:` printed every Event twice, narrated and raw."""
+    detail = message.removeprefix(reason).lstrip(" :") or message
+    story = f"{EVENT_STORY[reason]}: " if first and reason in EVENT_STORY else ""
+    return f"Event {reason}: {story}{shorten(detail)}"
 
 
 def shorten(text: str, width: int = 150) -> str:

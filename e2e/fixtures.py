@@ -28,6 +28,11 @@ from e2e.cluster.controlplane import (
 )
 
 EXTERNAL_ENV = "PDWARDEN_E2E_KUBECONFIG"
+# Remediation cycles finished, whatever their outcome, per PDDeployment (operator/pdwarden/
+# metrics.py REMEDIATION_CYCLES); summed over the deployments of one test's operator.
+CYCLES_METRIC = "pdwarden_remediation_cycles_total"
+# Longest a test waits for earlier tests' pods to finish terminating before it starts.
+QUIET_TIMEOUT = 120.0
 T = TypeVar("T")
 
 
@@ -100,9 +105,44 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         local.stop(quiet=True)
 
 
+def pods_terminating(cluster: Cluster) -> list[str]:
+    """Pods anywhere in the cluster that are being torn down (a deletionTimestamp is set)."""
+    out = cluster.kubectl(
+        "get", "pods", "--all-namespaces", "-o",
+        "jsonpath={range .items[?(@.metadata.deletionTimestamp)]}"
+        "{.metadata.namespace}/{.metadata.name}{'\\n'}{end}",
+        check=False,
+    )  # fmt: skip
+    return out.stdout.split()
+
+
+def wait_quiet(cluster: Cluster, timeout: float = QUIET_TIMEOUT) -> None:
+    """Wait until no pod of an earlier test is still being torn down, so a test's clock does not
+    start while the local kubelet stops other tests' workers on the same cores. Bounded: after
+    `timeout` the test starts anyway (and says which pods were still going)."""
+    deadline = time.monotonic() + timeout
+    while (left := pods_terminating(cluster)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if left:
+        print(f"[fixtures] cluster not quiet after {timeout:.0f}s: {left[:5]}", file=sys.stderr)
+
+
+def release_pddeployments(cluster: Cluster, namespace: str) -> None:
+    """Drop the operator's finalizer from PDDeployments left in a namespace being deleted once
+    no operator runs for them: otherwise the namespace stays Terminating for the rest of the
+    session and the controller-manager keeps retrying it."""
+    out = cluster.kubectl("get", "pdd", "-n", namespace, "-o", "name", check=False)
+    for name in out.stdout.split() if out.returncode == 0 else []:
+        cluster.kubectl(
+            "patch", name, "-n", namespace, "--type=merge",
+            "-p", '{"metadata":{"finalizers":null}}', check=False,
+        )  # fmt: skip
+
+
 @pytest.fixture
 def namespace(cluster: Cluster) -> Iterator[str]:
-    """A fresh namespace per test, deleted (without waiting) afterwards."""
+    """A fresh namespace per test (created once the cluster is quiet), deleted afterwards."""
+    wait_quiet(cluster)
     name = f"t-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
     cluster.wait_until(
@@ -111,6 +151,7 @@ def namespace(cluster: Cluster) -> Iterator[str]:
     )
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    release_pddeployments(cluster, name)
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -185,6 +226,28 @@ class OperatorProcess:
             if line.startswith(name) and not line.startswith("#"):
                 total += float(line.rsplit(" ", 1)[1])
         return total
+
+    def wait_cycles(self, cycles: int, metric: str = CYCLES_METRIC, timeout: float = 120) -> float:
+        """Wait until this operator has begun and finished `cycles` more cycles after this call
+        (one more than asked: the cycle running now may have started before the call).
+
+        "Nothing happened" is asserted after this, never after a sleep: a cycle that would have
+        acted has then provably run. Default: remediation cycles (`pdwarden_remediation_cycles`,
+        each test's operator watches only its own namespace). Pass "pdwarden_reconcile_passes_total"
+        for reconcile passes."""
+        start = self.metric(metric)
+        want = start + cycles + 1
+        deadline = time.monotonic() + timeout
+        while (now := self.metric(metric)) < want:
+            if self.proc is None or self.proc.poll() is not None:
+                raise AssertionError(f"the operator exited while waiting for {metric}")
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"the operator ran {now - start:.0f} of {cycles + 1} cycles ({metric}) "
+                    f"in {timeout}s; log: {self.log_path}"
+                )
+            time.sleep(0.2)
+        return now
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

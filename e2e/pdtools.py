@@ -23,7 +23,7 @@ from e2e.httpjson import http
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CHILDREN_KINDS = [
     "StatefulSet", "Deployment", "Service", "Secret", "PodDisruptionBudget",
-    "ServiceAccount", "Role", "RoleBinding",
+    "ServiceAccount", "Role", "RoleBinding", "NetworkPolicy",
 ]  # fmt: skip
 CHILDREN = ",".join(k.lower() for k in CHILDREN_KINDS)
 

@@ -226,7 +226,7 @@ def test_long_prefill_is_not_a_wedge(
     )  # fmt: skip
     assert code == 200 and answer.get("ok") is True, answer
     assert time.monotonic() - started > WEDGE_AFTER
-    time.sleep(2 * SCRAPE)  # let one more cycle look at the finished request
+    operator.wait_cycles(2)  # cycles that saw the finished request, not only the long one
     assert ledger(cluster, ns) == []
     assert condition(status(cluster, ns), "Wedged")["status"] == "False"
 
@@ -288,7 +288,9 @@ def test_unreachable_metrics_are_unknown_never_acted_on(
         cond = cluster.wait_until("the Wedged condition to explain", explained, 30)
         assert victim["metadata"]["name"] in cond["message"] and cond["status"] == "Unknown"
         load(router_url(cluster, ns), "--clients", "4", "--requests", "8", "--timeout", "3")
-        time.sleep(WEDGE_AFTER + RESTART_AFTER)
+        # Enough cycles, each at least SCRAPE apart, that a cordon and a restart would be due
+        # had the frozen pod been judged wedged.
+        operator.wait_cycles((WEDGE_AFTER + RESTART_AFTER) // SCRAPE + 1)
         assert operator.metric("pdwarden_scrape_errors_total") > errors_before
         pod = get_json(cluster, ns, "pod", victim["metadata"]["name"])
         assert pod["metadata"]["uid"] == victim["metadata"]["uid"]
@@ -319,7 +321,7 @@ def test_operator_restart_mid_ladder_neither_repeats_nor_skips(
 
         cluster.wait_until("the restart by the second operator", replaced, 60)
         wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"}, timeout=120)
-        time.sleep(3 * SCRAPE)
+        second.wait_cycles(3)  # cycles of the second operator after the new pod is Ready
         kinds = [e["action"] for e in ledger(cluster, ns)]
         assert kinds.count("CordonDecode") == 1, kinds
         assert kinds.count("RestartDecode") == 1, kinds

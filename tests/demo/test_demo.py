@@ -64,3 +64,21 @@ def test_pdwarden_demo_hands_over_to_the_checkout(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(Exec):
         cli.main(["demo"])
     assert calls == [(sys.executable, [sys.executable, "-m", "e2e.demo"], str(REPO_ROOT))]
+
+
+def test_each_operator_event_is_told_once_on_one_line() -> None:
+    from e2e.demo_observe import event_line
+
+    message = "CordonDecode demo-decode-0: decode stalled"
+    first = event_line("CordonDecode", message, first=True)
+    again = event_line("CordonDecode", message, first=False)
+    assert first == (
+        "Event CordonDecode: operator CORDONED the decode pod (readiness gate False: no new "
+        "work): demo-decode-0: decode stalled"
+    )
+    assert again == "Event CordonDecode: demo-decode-0: decode stalled"
+    for line in (first, again):
+        assert "\n" not in line and line.count("CordonDecode") == 1
+    # A message that does not repeat the reason is kept whole.
+    wedge = "DecodeStalled on demo-decode-0: transfer queue 3"
+    assert event_line("WedgeDetected", wedge, first=False) == f"Event WedgeDetected: {wedge}"

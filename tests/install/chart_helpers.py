@@ -11,7 +11,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "pdwarden"
-# helm's default for `template` is an old Kubernetes; the chart requires >= 1.29.
+# The Kubernetes version templates are rendered for (the local cluster's), explicit so renders do
+# not depend on the helm binary; build.sh stamps the same into helm's default.
 KUBE_VERSION = "1.35.4"
 
 

@@ -25,7 +25,13 @@ COMBINATIONS: dict[str, list[str]] = {
         "--set",
         "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true",
     ],
-    "network-policy": ["--set", "watchNamespaces={a,b},networkPolicy.enabled=true"],
+    "network-policy": [
+        "--set",
+        "watchNamespaces={a,b},networkPolicy.enabled=true",
+        "--set-json",
+        'networkPolicy.extraFrom=[{"namespaceSelector":{"matchLabels":{"team":"monitoring"}}}]',
+    ],
+    "no-admission-policy": ["--set", "admissionPolicy.enabled=false"],
     "dry-run-existing-key": [
         "--set",
         "remediation.globalDryRun=true,tokenKey.existingSecret=my-key,verbose=true",
@@ -154,23 +160,62 @@ def test_global_dry_run_and_monitoring_render(helm: Helm) -> None:
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"
 
 
-def test_network_policy_guards_only_the_worker_port(helm: Helm) -> None:
+def test_network_policy_only_adds_extra_peers_on_the_worker_port(helm: Helm) -> None:
     objs = helm.objects(*COMBINATIONS["network-policy"])
     pols = find(objs, "NetworkPolicy")
     assert {p["metadata"]["namespace"] for p in pols} == {"a", "b"}
-    spec = pols[0]["spec"]
-    guarded, rest = spec["ingress"]
-    assert guarded["ports"] == [{"protocol": "TCP", "port": 8000}]
-    operator_peer = guarded["from"][0]
-    assert operator_peer["namespaceSelector"]["matchLabels"] == {
-        "kubernetes.io/metadata.name": "pdw-system"
-    }
-    assert operator_peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
-    assert {(p["port"], p.get("endPort")) for p in rest["ports"]} == {
-        (1, 7999),
-        (8001, 65535),
-        (1, 65535),
-    }
+    (ingress,) = pols[0]["spec"]["ingress"]
+    assert ingress["ports"] == [{"protocol": "TCP", "port": 8000}]
+    # Only the extra peers: the operator's per-deployment policy admits its own pods and itself.
+    assert ingress["from"] == [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}]
+
+
+def test_operator_pods_carry_the_labels_worker_policies_admit(helm: Helm) -> None:
+    from pdwarden.render.network import OPERATOR_POD_LABELS
+
+    for args in COMBINATIONS.values():
+        (dep,) = find(helm.objects(*args), "Deployment")
+        labels = dep["spec"]["template"]["metadata"]["labels"]
+        assert OPERATOR_POD_LABELS.items() <= labels.items(), labels
+
+
+def policy_of(objs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    (vap,) = find(objs, "ValidatingAdmissionPolicy")
+    (binding,) = find(objs, "ValidatingAdmissionPolicyBinding")
+    return vap, binding
+
+
+def test_admission_policy_is_on_by_default_for_the_operator_identity(helm: Helm) -> None:
+    vap, binding = policy_of(helm.objects())
+    assert binding["spec"]["policyName"] == vap["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    (cond,) = vap["spec"]["matchConditions"]
+    assert "'system:serviceaccount:pdw-system:pdw-pdwarden'" in cond["expression"]
+    (rule,) = vap["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["*/*"] and rule["operations"] == ["CREATE", "UPDATE", "DELETE"]
+    first = vap["spec"]["validations"][0]["expression"]
+    for ns in ("kube-system", "kube-public", "kube-node-lease", "pdw-system"):
+        assert f"'{ns}'" in first
+    # Namespaced mode keeps it, and the watched release namespace is not denied.
+    vap, _ = policy_of(helm.objects("--set", "watchNamespaces={pdw-system}"))
+    assert "'pdw-system'" not in vap["spec"]["validations"][0]["expression"]
+    # Another ServiceAccount name is the identity held.
+    vap, _ = policy_of(helm.objects(*COMBINATIONS["own-rbac-and-sa"]))
+    (cond,) = vap["spec"]["matchConditions"]
+    assert "'system:serviceaccount:pdw-system:ops'" in cond["expression"]
+
+
+def test_admission_policy_needs_kubernetes_1_30_and_can_be_turned_off(helm: Helm) -> None:
+    old = helm.run("template", "pdw", str(CHART), "--kube-version", "1.29.9")
+    assert old.returncode == 0, old.stderr
+    for objs in (
+        [d for d in yaml.safe_load_all(old.stdout) if d],
+        helm.objects(*COMBINATIONS["no-admission-policy"]),
+    ):
+        assert find(objs, "Deployment")
+        assert not find(objs, "ValidatingAdmissionPolicy")
+        assert not find(objs, "ValidatingAdmissionPolicyBinding")
 
 
 # (values, what the error must say): the schema or a template check rejects each, clearly.
@@ -190,6 +235,14 @@ BAD_VALUES: list[tuple[list[str], str]] = [
     (["--set", "metrics.port=8080"], "metrics.port and livenessPort must differ"),
     (["--set", "networkPolicy.enabled=true"], "networkPolicy.enabled needs"),
     (
+        ["--set", "networkPolicy.enabled=true,watchNamespaces={a}"],
+        "networkPolicy.enabled needs networkPolicy.extraFrom",
+    ),
+    (
+        ["--set", "admissionPolicy.deniedNamespaces[0]=Bad"],
+        "at '/admissionPolicy/deniedNamespaces/0'",
+    ),
+    (
         ["--set", "metrics.serviceMonitor.enabled=true,metrics.service.enabled=false"],
         "metrics.serviceMonitor.enabled needs metrics.service.enabled",
     ),
@@ -203,6 +256,15 @@ def test_bad_values_are_rejected_with_a_clear_message(
     out = helm.run("template", "pdw", str(CHART), "--kube-version", KUBE_VERSION, *args)
     assert out.returncode != 0
     assert message in out.stderr, out.stderr
+
+
+def test_plain_helm_template_renders_for_the_pinned_kubernetes(helm: Helm) -> None:
+    """build.sh stamps helm's default Kubernetes version (helm alone compiles in v1.20, which
+    the chart's kubeVersion refuses), so a newcomer's plain `helm template` works."""
+    out = helm.run("template", "pdw", str(CHART))
+    assert out.returncode == 0, out.stderr
+    kinds = [d["kind"] for d in yaml.safe_load_all(out.stdout) if d]
+    assert "Deployment" in kinds and "ValidatingAdmissionPolicy" in kinds
 
 
 def test_old_kubernetes_is_refused(helm: Helm) -> None:

@@ -174,6 +174,7 @@ def test_remediation_works_under_the_charts_rbac(release: Release, cluster: Clus
 
 
 ALLOWED = [
+    ("get", "pddeployments.pdwarden.dev"),
     ("list", "pddeployments.pdwarden.dev"),
     ("watch", "pddeployments.pdwarden.dev"),
     ("patch", "pddeployments.pdwarden.dev"),
@@ -187,6 +188,8 @@ ALLOWED = [
     ("create", "roles.rbac.authorization.k8s.io"),
     ("patch", "rolebindings.rbac.authorization.k8s.io"),
     ("create", "poddisruptionbudgets.policy"),
+    ("create", "networkpolicies.networking.k8s.io"),
+    ("patch", "networkpolicies.networking.k8s.io"),
     ("create", "secrets"),
     ("list", "pods"),
     ("watch", "pods"),
@@ -236,25 +239,90 @@ def test_service_account_can_do_what_it_needs_and_nothing_else(release: Release)
     assert release.can_i("watch", "customresourcedefinitions.apiextensions.k8s.io")
 
 
-def test_cluster_wide_release_rbac(release: Release, cluster: Cluster, helm: Helm) -> None:
-    # Only its RBAC is under test: the operator pod is unschedulable and never runs.
-    wide = Release(f"{release.name}w", release.namespace, "", cluster, helm)
-    wide.run(
-        "install", wide.name, str(CHART),
+@pytest.fixture(scope="module")
+def wide(release: Release, cluster: Cluster, helm: Helm) -> Iterator[Release]:
+    """A second, cluster-wide release; only its RBAC and admission policy are under test: its
+    operator pod is unschedulable and never runs."""
+    rel = Release(f"{release.name}w", release.namespace, "", cluster, helm)
+    rel.run(
+        "install", rel.name, str(CHART),
         "--set-string", "nodeSelector.pdwarden\\.dev/no-such-node=true",
         "--set", "metrics.service.enabled=false",
     )  # fmt: skip
-    try:
-        for ns in (release.watched, "default"):
-            refused = [f"{v} {r}" for v, r in ALLOWED if not wide.can_i(v, r, ns)]
-            assert not refused, f"cluster-wide operator lacks in {ns}: {refused}"
-            granted = [f"{v} {r}" for v, r in DENIED_IN_WATCHED if wide.can_i(v, r, ns)]
-            assert not granted, f"cluster-wide operator holds in {ns}: {granted}"
-        granted = [f"{v} {r}" for v, r in DENIED_CLUSTER_WIDE if wide.can_i(v, r)]
-        assert not granted, f"cluster-wide operator holds: {granted}"
-        assert wide.can_i("list", "pods") and wide.can_i("create", "secrets")
-    finally:
-        wide.run("uninstall", wide.name, "--wait")
+    yield rel
+    rel.helm.run("uninstall", rel.name, "--wait", "-n", rel.namespace, env=cluster.env)
+
+
+def test_cluster_wide_release_rbac(release: Release, wide: Release) -> None:
+    for ns in (release.watched, "default"):
+        refused = [f"{v} {r}" for v, r in ALLOWED if not wide.can_i(v, r, ns)]
+        assert not refused, f"cluster-wide operator lacks in {ns}: {refused}"
+        granted = [f"{v} {r}" for v, r in DENIED_IN_WATCHED if wide.can_i(v, r, ns)]
+        assert not granted, f"cluster-wide operator holds in {ns}: {granted}"
+    granted = [f"{v} {r}" for v, r in DENIED_CLUSTER_WIDE if wide.can_i(v, r)]
+    assert not granted, f"cluster-wide operator holds: {granted}"
+    assert wide.can_i("list", "pods") and wide.can_i("create", "secrets")
+
+
+def rendered(kind: str, namespace: str) -> dict[str, Any]:
+    """One object exactly as the operator renders it for the CPU example (a made-up owner UID:
+    server-side dry runs store nothing, so nothing is garbage-collected)."""
+    from pdwarden.api import parse_spec
+    from pdwarden.render import Owner, render_deployment
+
+    doc = yaml.safe_load((ROOT / "manifests" / "examples" / "minimal-cpu.yaml").read_text())
+    owner = Owner("adm", namespace, "6f1b7c2e-8a4d-4c1e-9b1a-000000000001")
+    objs = render_deployment(owner, parse_spec(doc["spec"]))
+    return next(o for o in objs if o["kind"] == kind)
+
+
+def test_admission_policy_holds_the_cluster_wide_identity_to_owned_hardened_objects(
+    release: Release, wide: Release, cluster: Cluster
+) -> None:
+    """RBAC lets the cluster-wide operator create StatefulSets everywhere, kube-system included;
+    the chart's ValidatingAdmissionPolicy refuses, as the operator's own identity, what the
+    operator never renders, and accepts what it does."""
+    policy = f"{wide.name}-pdwarden-operator-writes"
+
+    def create(obj: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        return cluster.kubectl(
+            "create", "--dry-run=server", f"--as={wide.sa}", "-o", "name", "-f", "-",
+            input=json.dumps(obj), check=False,
+        )  # fmt: skip
+
+    def refused(obj: dict[str, Any], why: str) -> None:
+        out = create(obj)
+        assert out.returncode != 0, f"accepted: {why}"
+        assert f"ValidatingAdmissionPolicy '{policy}'" in out.stderr, out.stderr
+        assert why in out.stderr, out.stderr
+
+    ns = release.watched
+    assert wide.can_i("create", "statefulsets.apps", "kube-system")  # RBAC alone would allow
+    for kind in ("StatefulSet", "Deployment", "Service", "ServiceAccount", "NetworkPolicy"):
+        out = create(rendered(kind, ns))
+        assert out.returncode == 0, f"{kind}: {out.stderr}"
+
+    privileged = rendered("StatefulSet", "kube-system")
+    container = privileged["spec"]["template"]["spec"]["containers"][0]
+    container["securityContext"] = {"privileged": True}
+    refused(privileged, "may not write statefulsets in namespace kube-system")
+    refused(rendered("StatefulSet", "kube-system"), "in namespace kube-system")
+    privileged["metadata"]["namespace"] = ns
+    refused(privileged, "may not have privileged containers")
+    host = rendered("StatefulSet", ns)
+    host["spec"]["template"]["spec"]["volumes"].append({"name": "root", "hostPath": {"path": "/"}})
+    refused(host, "may not mount hostPath volumes")
+    host = rendered("StatefulSet", ns)
+    host["spec"]["template"]["spec"]["hostNetwork"] = True
+    refused(host, "may not use host namespaces")
+    foreign = rendered("Deployment", ns)
+    foreign["spec"]["template"]["spec"]["serviceAccountName"] = "default"
+    refused(foreign, "may only run as their deployment's own ServiceAccount")
+    unowned = rendered("StatefulSet", ns)
+    del unowned["metadata"]["ownerReferences"]
+    refused(unowned, "owned by exactly one PDDeployment")
+    # The operator's own pods, Events and PDDeployment status are not affected: the namespaced
+    # release's operator reconciled and remediated under the same policy in the tests above.
 
 
 def test_upgrade_with_changed_values_rolls_the_operator(release: Release, cluster: Cluster) -> None:

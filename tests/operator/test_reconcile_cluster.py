@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -168,9 +167,14 @@ def test_two_operators_only_one_acts_and_the_standby_takes_over(
         apply(cluster, ns, cpu_example())
         wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"})
         standby.start()
-        # A replica that starts while a higher-priority one lives starts paused (kopf peering).
+        # A peered replica starts paused (kopf pre-activates the pause) and stays so while a
+        # higher-priority peer lives. Before anything is asserted about it, it has provably joined:
+        # its heartbeat is in the peering object beside the active one's.
         cluster.wait_until("the standby's metrics endpoint", lambda: _answers(standby), 60)
-        time.sleep(3)  # let it read the peering object and the PDDeployment
+        joined = cluster.wait_until(
+            "the standby's heartbeat in the peering object", lambda: _heartbeat(cluster, ns, 100)
+        )
+        assert _heartbeat(cluster, ns, 200)
         baseline = standby.metric("pdwarden_reconciles_total")
         before = active.metric("pdwarden_reconciles_total")
         env = {"spec": {"decode": {"env": [{"name": "HA_PROBE", "value": "1"}]}}}
@@ -178,6 +182,14 @@ def test_two_operators_only_one_acts_and_the_standby_takes_over(
         wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"}, timeout=120)
         assert status(cluster, ns)["observedGeneration"] == 2
         assert active.metric("pdwarden_reconciles_total") > before
+        # Two more passes of the active replica with the change in place, and a fresh heartbeat
+        # of the standby since it joined: alive and peered all along, it made no pass.
+        active.wait_cycles(2, "pdwarden_reconcile_passes_total")
+        cluster.wait_until(
+            "a newer heartbeat of the standby",
+            lambda: (_heartbeat(cluster, ns, 100) or "") > joined,
+            30,
+        )
         assert standby.metric("pdwarden_reconciles_total") == baseline
 
         active.kill(9)
@@ -187,6 +199,15 @@ def test_two_operators_only_one_acts_and_the_standby_takes_over(
     finally:
         active.stop()
         standby.stop()
+
+
+def _heartbeat(cluster: Cluster, ns: str, priority: int) -> str | None:
+    """The last-seen time the replica of this priority wrote into the KopfPeering's status."""
+    peering = get_json(cluster, ns, "kopfpeering", "pdwarden") or {}
+    for peer in (peering.get("status") or {}).values():
+        if isinstance(peer, dict) and peer.get("priority") == priority:
+            return str(peer.get("lastseen") or "") or None
+    return None
 
 
 def _answers(op: OperatorProcess) -> bool:

@@ -37,7 +37,7 @@ def test_cpu_example_renders_every_child_with_owner_and_labels() -> None:
     kinds = sorted(o["kind"] for o in objs)
     workers = ["Service", "StatefulSet"] * 2
     router = ["ServiceAccount", "Role", "RoleBinding", "Deployment", "Service"]
-    assert kinds == sorted([*workers, "PodDisruptionBudget", *router])
+    assert kinds == sorted([*workers, "PodDisruptionBudget", "NetworkPolicy", *router])
     for o in objs:
         assert o["metadata"]["namespace"] == "ns1"
         assert o["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
@@ -272,3 +272,29 @@ def test_router_gets_least_privilege_pod_read_rbac() -> None:
     ]
     pod = by_kind(objs, "Deployment")["demo-router"]["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "demo-router"
+
+
+def test_worker_pods_admit_only_their_own_deployment_and_the_operator() -> None:
+    objs = render_deployment(OWNER, parse_spec(example("minimal-cpu.yaml")))
+    (pol,) = by_kind(objs, "NetworkPolicy").values()
+    spec = pol["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    selected = spec["podSelector"]
+    assert selected["matchLabels"] == {LABEL_DEPLOYMENT: "demo"}
+    assert selected["matchExpressions"] == [
+        {"key": "pdwarden.dev/role", "operator": "In", "values": ["prefill", "decode"]}
+    ]
+    peers, operator = spec["ingress"]
+    # Its own pods (router, peers) on every port: the bootstrap and NIXL/UCX ports included.
+    assert peers == {"from": [{"podSelector": {"matchLabels": {LABEL_DEPLOYMENT: "demo"}}}]}
+    # Not any pod carrying the label key: the value must be this deployment's.
+    for peer in peers["from"] + operator["from"]:
+        for expr in peer.get("podSelector", {}).get("matchExpressions", []):
+            assert expr["operator"] != "Exists", peer
+    # The operator, from any namespace, on the worker port only.
+    assert operator["ports"] == [{"protocol": "TCP", "port": 8000}]
+    (op,) = operator["from"]
+    assert op["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/part-of": "pdwarden",
+        "app.kubernetes.io/component": "operator",
+    }

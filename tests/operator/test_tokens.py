@@ -39,9 +39,10 @@ def test_key_file_must_exist_and_be_long_enough(tmp_path: Path) -> None:
     with pytest.raises(TokenKeyError, match="cannot read"):
         load_key(tmp_path / "missing")
     short = tmp_path / "short"
-    short.write_bytes(b"abc\n")
-    with pytest.raises(TokenKeyError, match="at least 16 bytes"):
-        load_key(short)
+    for text in (b"abc\n", KEY[:31] + b"\n"):  # 31 bytes of key: one short
+        short.write_bytes(text)
+        with pytest.raises(TokenKeyError, match="at least 32 bytes"):
+            load_key(short)
     good = tmp_path / "good"
     good.write_bytes(KEY + b"\n")
     assert load_key(good) == KEY

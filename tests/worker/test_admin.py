@@ -3,6 +3,8 @@ frees it on both sides; the decode-stall fault wedges decode while /healthz stay
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from typing import Any
 
@@ -56,9 +58,15 @@ def test_admin_auth_and_bad_bodies(pd: PD) -> None:
 
 
 def _slow_request(router_url: str, results: list) -> threading.Thread:
+    """A /generate request in a thread the test joins before it ends (an answer, or the error
+    that ended it, lands in `results`)."""
+
     def run() -> None:
         body = {"input_ids": list(range(64)), "max_new_tokens": 2}
-        results.append(http("POST", f"{router_url}/generate", body, timeout=60))
+        try:
+            results.append(http("POST", f"{router_url}/generate", body, timeout=60))
+        except OSError as e:  # the router went away under the request
+            results.append((0, {"error": f"{type(e).__name__}: {e}"}))
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -88,6 +96,7 @@ def test_failing_a_room_is_idempotent_and_frees_both_sides(pd: PD, side: str) ->
     status, answer = pd.admin(target, "POST", c.ADMIN_ROOMS_FAIL_PATH, {"rooms": [room]})
     assert (status, answer) == (200, {"failed": []})  # idempotent
     thread.join(timeout=30)
+    assert not thread.is_alive()
     assert results and results[0][0] >= 500, results
     assert results[0][1]["reason"] in ("admin", "aborted")
     for proc in (prefill, decode):
@@ -114,6 +123,14 @@ def test_decode_stall_wedges_decode_while_health_stays_green(pd: PD) -> None:
     # Prefill finished its side (one-sided WRITEs), so only decode holds the stuck rooms.
     wait_for(lambda: pd.admin(prefill, "GET", c.ADMIN_ROOMS_PATH)[1] == [], 10, "prefill done")
     assert not results and all(t.is_alive() for t in threads)
+    # The parked requests never finish on their own: end them by killing the router under them,
+    # so no thread outlives the test with a 60 s request.
+    os.killpg(router.popen.pid, signal.SIGKILL)
+    router.popen.wait(timeout=10)
+    for t in threads:
+        t.join(timeout=10)
+    assert not any(t.is_alive() for t in threads)
+    assert len(results) == 3 and all(code != 200 for code, _ in results), results
 
 
 def test_dropped_notifications_end_in_waiting_timeout_not_a_hang(pd: PD) -> None:

@@ -58,4 +58,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if and .Values.networkPolicy.enabled (not (.Values.networkPolicy.namespaces | default .Values.watchNamespaces)) -}}
 {{- fail "networkPolicy.enabled needs networkPolicy.namespaces (or watchNamespaces): in cluster-wide mode the chart cannot know which namespaces run workers" -}}
 {{- end -}}
+{{- if and .Values.networkPolicy.enabled (not .Values.networkPolicy.extraFrom) -}}
+{{- fail "networkPolicy.enabled needs networkPolicy.extraFrom: the operator already admits each deployment's own pods and itself; this policy only lets extra peers in" -}}
+{{- end -}}
 {{- end -}}

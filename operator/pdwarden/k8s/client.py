@@ -30,6 +30,7 @@ _PLURALS: Final[dict[str, tuple[str, bool]]] = {
     "StatefulSet": ("statefulsets", True),
     "Deployment": ("deployments", True),
     "PodDisruptionBudget": ("poddisruptionbudgets", True),
+    "NetworkPolicy": ("networkpolicies", True),
     "Role": ("roles", True),
     "RoleBinding": ("rolebindings", True),
     "PDDeployment": ("pddeployments", True),

@@ -26,6 +26,7 @@ from pdwarden.render.common import (
     selector_labels,
 )
 from pdwarden.render.engines import needs_admin_token, router_launch, worker_launch
+from pdwarden.render.network import worker_network_policy
 from pdwarden.render.pods import pod_template
 
 
@@ -36,6 +37,7 @@ def render_deployment(owner: Owner, spec: PDDeploymentSpec) -> list[Obj]:
     for role in (ROLE_PREFILL, ROLE_DECODE):
         objects += [_headless_service(owner, role, spec), _stateful_set(owner, role, spec)]
     objects.append(_decode_pdb(owner, spec))
+    objects.append(worker_network_policy(owner))
     if spec.router.replicas > 0 or spec.engine == "pdworker":
         objects += _router(owner, spec)
     assert len({(o["kind"], o["metadata"]["name"]) for o in objects}) == len(objects)
