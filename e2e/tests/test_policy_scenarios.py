@@ -241,7 +241,7 @@ def test_dry_run_reports_and_does_nothing(pool: Pool) -> None:
 
 def test_enforce_cordons_by_label_and_evicts_the_stalled_decode(pool: Pool) -> None:
     victim = victim_of(pool)
-    name, ip = victim["metadata"]["name"], victim["status"]["podIP"]
+    name = victim["metadata"]["name"]
     pool.stall(victim)  # idempotent: still stalled if the DryRun scenario ran first
     pool.apply_policy(mode="Enforce", restartAfterSeconds=600)  # cordon first, restart later
     pool.load()
