@@ -9,7 +9,8 @@ scenarios (in file order; each also runs alone): DryRun reports and changes noth
 cordons by label (the Service's endpoints and the router's view drop the pod) and evicts the
 stalled decode, which the StatefulSet recreates; a PodDisruptionBudget that forbids the eviction
 is honoured (held back, reason in status); a pod cordoned with no cause is uncordoned after a
-healthy window; a second policy over the same pods is refused by both.
+healthy window; a second policy over the same pods is refused by both; and, on a second pool
+whose workers race status against abort, Enforce fails exactly the wedged rooms.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 from e2e.fixtures import REPO_ROOT, Cluster, OperatorProcess
-from e2e.pdtools import apply, get_json, http, pod_condition
+from e2e.pdtools import apply, get_json, http, merge, pod_condition, scrape
 
 from pdwarden.api import parse_spec
 from pdwarden.constants import LABEL_SERVING
@@ -43,11 +44,16 @@ APP = {"app": "sgl"}
 class Pool:
     """The shared namespace, operator and StatefulSet-owned pool."""
 
-    def __init__(self, cluster: Cluster, ns: str, token: str, op: OperatorProcess) -> None:
+    def __init__(
+        self, cluster: Cluster, ns: str, token: str, op: OperatorProcess, app: str = "sgl"
+    ) -> None:
         self.cluster, self.ns, self.token, self.operator = cluster, ns, token, op
+        self.app = app
 
     def pods(self, role: str) -> list[dict[str, Any]]:
-        items = get_json(self.cluster, self.ns, "pods", "-l", f"app=sgl,role={role}")["items"]
+        items = get_json(self.cluster, self.ns, "pods", "-l", f"app={self.app},role={role}")[
+            "items"
+        ]
         return sorted(items, key=lambda p: p["metadata"]["name"])
 
     def pod(self, name: str) -> dict[str, Any]:
@@ -118,28 +124,28 @@ class Pool:
         return self.cluster.kubectl("get", "pdrp", "-n", self.ns, "-o", "wide").stdout
 
 
-def policy_doc(name: str = "sgl", **remediation: Any) -> dict[str, Any]:
+def policy_doc(name: str = "sgl", app: str = "sgl", **remediation: Any) -> dict[str, Any]:
     return {
         "apiVersion": "pdwarden.dev/v1alpha1",
         "kind": "PDRemediationPolicy",
         "metadata": {"name": name},
         "spec": {
             "engine": "pdworker",
-            "prefillSelector": {"matchLabels": {**APP, "role": "prefill"}},
-            "decodeSelector": {"matchLabels": {**APP, "role": "decode"}},
+            "prefillSelector": {"matchLabels": {"app": app, "role": "prefill"}},
+            "decodeSelector": {"matchLabels": {"app": app, "role": "decode"}},
             "metrics": {"port": 8000},
             "remediation": {
                 "mode": "DryRun", "scrapeIntervalSeconds": 1, "wedgeAfterSeconds": WEDGE_AFTER,
                 "restartAfterSeconds": RESTART_AFTER, "cooldownSeconds": 2,
                 "maxUnavailableDecode": 1, **remediation,
             },
-            "cordon": {"serviceRef": {"name": "sgl-serving"}},
-            "adminTokenSecretRef": {"name": "sgl-admin", "key": "token"},
+            "cordon": {"serviceRef": {"name": f"{app}-serving"}},
+            "adminTokenSecretRef": {"name": f"{app}-admin", "key": "token"},
         },
     }  # fmt: skip
 
 
-def foreign_pool(ns: str) -> list[dict[str, Any]]:
+def foreign_pool(ns: str, app: str = "sgl", **overrides: Any) -> list[dict[str, Any]]:
     """What a user runs without pdwarden: pdworker StatefulSets, a router, Services, Secrets.
 
     The pod templates are pdwarden's own rendering of a CPU pdworker pool (so the pods start as
@@ -149,17 +155,19 @@ def foreign_pool(ns: str) -> list[dict[str, Any]]:
     """
     doc = yaml.safe_load((REPO_ROOT / "manifests" / "examples" / "minimal-cpu.yaml").read_text())
     doc["spec"]["decode"]["env"] = [{"name": "PDWORKER_FAULTS", "value": "decode-stall"}]
-    owner = Owner("sgl", ns, str(uuid.uuid4()))
+    doc["spec"] = merge(doc["spec"], overrides)
+    owner = Owner(app, ns, str(uuid.uuid4()))
+    base = {"app": app}
     out = []
     for obj in render_deployment(owner, parse_spec(doc["spec"])):
         meta = obj["metadata"]
         meta.pop("ownerReferences", None)
-        meta["labels"] = dict(APP)
+        meta["labels"] = dict(base)
         kind = obj["kind"]
         if kind == "PodDisruptionBudget":
             continue
-        role = meta["name"].removeprefix("sgl-")
-        labels = {**APP, "role": role}
+        role = meta["name"].removeprefix(f"{app}-")
+        labels = {**base, "role": role}
         if kind == "Service":
             obj["spec"]["selector"] = labels
         if kind in ("StatefulSet", "Deployment"):
@@ -172,15 +180,15 @@ def foreign_pool(ns: str) -> list[dict[str, Any]]:
             template["spec"].pop("readinessGates", None)
             if role == "router":
                 args = template["spec"]["containers"][0]["command"]
-                args[args.index("--prefill-selector") + 1] = "app=sgl,role=prefill"
+                args[args.index("--prefill-selector") + 1] = f"app={app},role=prefill"
                 args[args.index("--decode-selector") + 1] = (
-                    f"app=sgl,role=decode,{LABEL_SERVING}=true"
+                    f"app={app},role=decode,{LABEL_SERVING}=true"
                 )
         out.append(obj)
     out.append({
         "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "sgl-serving", "labels": dict(APP)},
-        "spec": {"selector": {**APP, "role": "decode", LABEL_SERVING: "true"},
+        "metadata": {"name": f"{app}-serving", "labels": dict(base)},
+        "spec": {"selector": {**base, "role": "decode", LABEL_SERVING: "true"},
                  "ports": [{"name": "http", "port": 8000, "targetPort": 8000}]},
     })  # fmt: skip
     return out
@@ -197,12 +205,7 @@ def pool(cluster: Cluster, crd: str, tmp_path_factory: pytest.TempPathFactory) -
         f"default ServiceAccount in {ns}",
         lambda: cluster.kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0,
     )
-    token = secrets.token_urlsafe(32)
-    for name, value in (("sgl-admin", token), ("sgl-bootstrap", secrets.token_urlsafe(32))):
-        apply(cluster, ns, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
-                            "stringData": {"token": value}})  # fmt: skip
-    for obj in foreign_pool(ns):
-        apply(cluster, ns, obj)
+    token = start_pool(cluster, ns, "sgl")
     log = tmp_path_factory.mktemp("policy-operator") / "operator.log"
     op = OperatorProcess(cluster, [ns], log).start()
     p = Pool(cluster, ns, token, op)
@@ -212,6 +215,17 @@ def pool(cluster: Cluster, crd: str, tmp_path_factory: pytest.TempPathFactory) -
     finally:
         op.stop()
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def start_pool(cluster: Cluster, ns: str, app: str, **overrides: Any) -> str:
+    """Secrets (admin token, KV bootstrap key) and the pool; returns the admin token."""
+    token = secrets.token_urlsafe(32)
+    for name, value in ((f"{app}-admin", token), (f"{app}-bootstrap", secrets.token_urlsafe(32))):
+        apply(cluster, ns, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+                            "stringData": {"token": value}})  # fmt: skip
+    for obj in foreign_pool(ns, app, **overrides):
+        apply(cluster, ns, obj)
+    return token
 
 
 def victim_of(pool: Pool) -> dict[str, Any]:
@@ -353,3 +367,47 @@ def test_two_policies_over_one_pod_are_both_refused(pool: Pool) -> None:
     print(pool.get_pdrp())
     pool.cluster.kubectl("delete", "pdrp", "other", "-n", pool.ns)
     pool.cluster.wait_until("no Conflict", lambda: not conflict("sgl"), 30)
+
+
+def test_enforce_fails_exactly_the_wedged_rooms(pool: Pool) -> None:
+    """A second pool whose workers race status against abort (legacy-status-race) until rooms
+    stick in the prefill's inflight queue; its own policy fails them through pdworker's admin
+    API with the token from spec.adminTokenSecretRef."""
+    race_faults = {"env": [{"name": "PDWORKER_FAULTS",
+                            "value": "legacy-status-race,no-inflight-watchdog"}],
+                   "args": ["--prefill-chunk-ms", "3", "--chunk-pages", "1"]}  # fmt: skip
+    token = start_pool(pool.cluster, pool.ns, "race", prefill=race_faults, decode=race_faults)
+    race = Pool(pool.cluster, pool.ns, token, pool.operator, app="race")
+    race.wait_ready()
+    apply(pool.cluster, pool.ns, policy_doc("race", "race", mode="Enforce"))
+    prefill_url = f"http://{race.pods('prefill')[0]['status']['podIP']}:8000"
+    stuck: list[dict[str, Any]] = []
+    for _ in range(4):  # storms until the race leaves rooms stuck in the inflight queue
+        with tempfile.TemporaryDirectory() as tmp:
+            subprocess.run(
+                [str(Path(sys.executable).parent / "pdworker"), "load", "--url", race.router(),
+                 "--json", str(Path(tmp) / "s.json"), "--clients", "30", "--requests", "600",
+                 "--cancel-fraction", "0.3", "--cancel-max-ms", "150", "--prompt-len", "4:64",
+                 "--output-len", "1:8"],
+                capture_output=True, timeout=120, check=False,
+            )  # fmt: skip
+        code, rooms = http("GET", prefill_url + "/admin/rooms", token=token)
+        assert code == 200
+        stuck = [r for r in rooms if r["phase"] == "inflight"]
+        if stuck or any(e["action"] == "FailRooms" for e in race.ledger("race")):
+            break
+    assert stuck or race.ledger("race"), "the legacy-status-race fault did not wedge any room"
+
+    def drained() -> bool:
+        m = scrape(prefill_url + "/metrics")
+        return m.get("pdworker_prefill_inflight_queue_reqs") == 0
+
+    pool.cluster.wait_until("the race prefill's inflight queue drained", drained, WEDGE_AFTER + 30)
+    failed = [e for e in race.ledger("race") if e["action"] == "FailRooms"]
+    assert failed and all(e["outcome"] == "Succeeded" and not e["dryRun"] for e in failed)
+    assert sum(e["rooms"] for e in failed) >= 1
+    admin_failed = scrape(prefill_url + "/metrics").get(
+        'pdworker_requests_failed_total{reason="admin"}', 0
+    )
+    assert admin_failed == sum(e["rooms"] for e in failed)
+    assert race.events("FailRooms")

@@ -10,6 +10,7 @@ contained: a failed cycle is logged and counted (metric pdwarden_operator_errors
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Mapping
@@ -93,6 +94,7 @@ async def policy_cycle(state: PolicyState, body: Mapping[str, Any]) -> float:
         return _interval(body)
     finally:
         state.cycles[uid] += 1
+        metrics.POLICY_CYCLES.labels(namespace, name).inc()
 
 
 def forget_policy(state: PolicyState, body: Mapping[str, Any]) -> None:
@@ -101,3 +103,5 @@ def forget_policy(state: PolicyState, body: Mapping[str, Any]) -> None:
     state.statuses.forget(uid)
     state.cycles.pop(uid, None)
     state.remediator.forget(uid)
+    with contextlib.suppress(KeyError):
+        metrics.POLICY_CYCLES.remove(*_names(body))

@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from shell_fakes import KubeFake, WorkerFake
 
 from pdwarden.constants import API_VERSION, LABEL_SERVING, POLICY_KIND
@@ -371,6 +372,19 @@ def test_a_failed_cycle_is_contained_and_counted(kube: KubeFake, workers: Stalli
     policy(kube)
     state, _ = make_state(kube, workers)
     kube.fail["list"].append(ApiError(0, "connection refused"))
+    before, cycles_before = errors("policy_cycle"), policy_cycles()
     cycle(state, kube)  # does not raise
+    assert errors("policy_cycle") == before + 1
+    assert "status" not in kube.obj(POLICY_KIND, "ns", "sgl")
     cycle(state, kube)
     assert status(kube)["decode"]["matched"] == 3
+    assert policy_cycles() == cycles_before + 2
+
+
+def policy_cycles() -> float:
+    labels = {"namespace": "ns", "name": "sgl"}
+    return REGISTRY.get_sample_value("pdwarden_policy_cycles_total", labels) or 0.0
+
+
+def errors(stage: str) -> float:
+    return REGISTRY.get_sample_value("pdwarden_operator_errors_total", {"stage": stage}) or 0.0
