@@ -320,6 +320,14 @@ def test_a_pdb_that_forbids_the_eviction_is_honoured(pool: Pool) -> None:
     skipped = [e for e in pool.ledger() if e["action"] == "RestartDecode" and e["pod"] == name]
     assert skipped and skipped[-1]["outcome"] == "Skipped"
     print(pool.get_pdrp())
+    view = subprocess.run(  # `pdwarden status` finds the policy by name and shows the hold
+        [str(Path(sys.executable).parent / "pdwarden"), "status", "sgl", "-n", pool.ns],
+        capture_output=True, text=True, timeout=60, check=False, env=pool.cluster.env,
+    )  # fmt: skip
+    print(view.stdout)
+    assert view.returncode == 0, view.stderr
+    assert view.stdout.startswith(f"PDRemediationPolicy {pool.ns}/sgl")
+    assert "Held back:" in view.stdout and name in view.stdout
     pool.cluster.kubectl("delete", "pdb", "sgl-decode", "-n", pool.ns)
 
     def replaced() -> bool:

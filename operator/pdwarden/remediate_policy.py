@@ -9,7 +9,8 @@ also selects), then `pod_views`/`detect`/`plan` judge and decide exactly as for 
 `policy_observe.policy_cycle_status` builds the status through `ledger.cycle_status`.
 
 What a plan's action becomes here: FailRooms -> pdworker's admin API with the token from
-spec.adminTokenSecretRef; AbortRequests -> SGLang's /abort_request; CordonDecode/UncordonDecode
+spec.adminTokenSecretRef; AbortRequests -> SGLang's /abort_request (with that Secret's key as
+SGLang's --admin-api-key when one is named); CordonDecode/UncordonDecode
 -> the cordon label (refused while the Service does not select it: CordonUnavailable); Restart*
 -> an eviction of the incarnation read again just before (the API server charges the PDB before
 it checks the uid), where a PDB's refusal is held back (Skipped, in status.heldBack), not Failed.
@@ -308,7 +309,12 @@ class PolicyRemediator:
         if action.kind == "AbortRequests":
             if target is None:
                 return entry("skipped: the prefill pod has no address (not running)", 0)
-            report = await self.sglang.abort_all(target.base)
+            key = ctx.token or await self.admin_token(ctx.namespace, ctx.spec)
+            report = await (
+                self.sglang.abort_all(target.base, key)
+                if key
+                else self.sglang.abort_all(target.base)
+            )
             return entry(report.detail(f"{action.pod} ({target.base})"), report.aborted)
         pod = ctx.pods.get(action.pod)
         if pod is None or pod.owned_by_pdwarden:
