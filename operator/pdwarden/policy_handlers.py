@@ -19,6 +19,7 @@ from typing import Any
 
 from pdwarden import metrics
 from pdwarden.api import parse_policy_spec
+from pdwarden.constants import ANNOTATION_RESET_BREAKER, API_VERSION, POLICY_KIND
 from pdwarden.k8s import ApiError
 from pdwarden.policy_status_store import PolicyStatusCache, write
 from pdwarden.ports import ForeignPodApi, KubeApi, WorkerApi
@@ -84,6 +85,11 @@ async def policy_cycle(state: PolicyState, body: Mapping[str, Any]) -> float:
                 raise  # the entries stay in the remediator's memory; the next cycle writes them
             state.statuses.remember(uid, known)
             state.remediator.recorded(uid, known.status)
+            if result.clear_reset_annotation:
+                await state.client.patch_metadata(
+                    API_VERSION, POLICY_KIND, namespace, name,
+                    {"annotations": {ANNOTATION_RESET_BREAKER: None}},
+                )  # fmt: skip
         return float(spec.remediation.scrape_interval_seconds)
     except Exception as e:
         metrics.ERRORS.labels("policy_cycle").inc()

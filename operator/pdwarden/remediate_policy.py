@@ -38,7 +38,13 @@ from pdwarden.api import (
     parse_policy_spec,
 )
 from pdwarden.api.status import MAX_HISTORY
-from pdwarden.constants import API_VERSION, POLICY_KIND, ROLE_DECODE, ROLE_PREFILL
+from pdwarden.constants import (
+    ANNOTATION_RESET_BREAKER,
+    API_VERSION,
+    POLICY_KIND,
+    ROLE_DECODE,
+    ROLE_PREFILL,
+)
 from pdwarden.detection import Detection, detect
 from pdwarden.k8s import ApiError
 from pdwarden.ledger import Outcome, breaker_reset_at, ledger_entry, merge_history, missing_from
@@ -69,6 +75,7 @@ class PolicyCycleResult:
     ledger: list[LedgerEntry]  # this cycle's entries
     status: PDRemediationPolicyStatus
     scope: Scope
+    clear_reset_annotation: bool = False  # remove it once the status (with the reset) is written
 
 
 @dataclass
@@ -274,7 +281,8 @@ class PolicyRemediator:
             generation=meta.get("generation"),
         )  # fmt: skip
         metrics.SCRAPE_CYCLE_SECONDS.observe(time.monotonic() - started)
-        return PolicyCycleResult(detection, decision, ledger, status, scope)
+        clear = reset_at == now and ANNOTATION_RESET_BREAKER in (meta.get("annotations") or {})
+        return PolicyCycleResult(detection, decision, ledger, status, scope, clear)
 
     async def _act(self, ctx: _Cycle, action: Action, dry_run: bool) -> LedgerEntry:
         """Perform one action (unless DryRun); never raises, the outcome says what happened."""

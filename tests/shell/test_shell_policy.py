@@ -22,7 +22,7 @@ import pytest
 from prometheus_client import REGISTRY
 from shell_fakes import KubeFake, WorkerFake
 
-from pdwarden.constants import API_VERSION, LABEL_SERVING, POLICY_KIND
+from pdwarden.constants import ANNOTATION_RESET_BREAKER, API_VERSION, LABEL_SERVING, POLICY_KIND
 from pdwarden.k8s import ApiError
 from pdwarden.pod_views import DeploymentMemory, PodMemory
 from pdwarden.policy_actions import EvictionOutcome, LabelPatch
@@ -388,3 +388,20 @@ def policy_cycles() -> float:
 
 def errors(stage: str) -> float:
     return REGISTRY.get_sample_value("pdwarden_operator_errors_total", {"stage": stage}) or 0.0
+
+
+def test_the_breaker_reset_annotation_is_removed_once_the_reset_is_written(
+    kube: KubeFake, workers: StallingWorkers
+) -> None:
+    policy(kube)
+    kube.objects[(POLICY_KIND, "ns", "sgl")]["metadata"]["annotations"] = {
+        ANNOTATION_RESET_BREAKER: "now"
+    }
+    state, _ = make_state(kube, workers)
+    kube.fail["patch_status"].append(ApiError(503, "unavailable"))
+    cycle(state, kube)  # the write failed: the annotation must stay, or the reset is lost
+    assert ANNOTATION_RESET_BREAKER in kube.obj(POLICY_KIND, "ns", "sgl")["metadata"]["annotations"]
+    cycle(state, kube)
+    obj = kube.obj(POLICY_KIND, "ns", "sgl")
+    assert ANNOTATION_RESET_BREAKER not in (obj["metadata"].get("annotations") or {})
+    assert obj["status"]["remediation"]["breakerResetAt"]
