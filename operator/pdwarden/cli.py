@@ -40,11 +40,21 @@ def _print_crd(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from pdwarden.k8s.fetch import FetchError, get_pddeployment
+    from pdwarden.k8s.fetch import FetchError, NotFound, get_object
     from pdwarden.status_view import format_status, status_json
 
+    kind, name = _kind_and_name(args.name, args.kind)
     try:
-        obj = get_pddeployment(args.name, args.namespace, args.kubeconfig)
+        if kind is not None:
+            obj = get_object(kind, name, args.namespace, args.kubeconfig)
+        else:  # a PDDeployment, else a PDRemediationPolicy of that name
+            try:
+                obj = get_object("PDDeployment", name, args.namespace, args.kubeconfig)
+            except NotFound as first:
+                try:
+                    obj = get_object("PDRemediationPolicy", name, args.namespace, args.kubeconfig)
+                except FetchError:  # neither: the PDDeployment's answer is the one to show
+                    raise first from None
     except FetchError as e:
         print(f"pdwarden status: {e}", file=sys.stderr)
         return 1
@@ -53,6 +63,24 @@ def _status(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(format_status(obj, now=datetime.now(UTC)))
     return 0
+
+
+# What `pdwarden status KIND/NAME` and --kind accept, kubectl-style.
+STATUS_KINDS = {
+    "pddeployment": "PDDeployment",
+    "pddeployments": "PDDeployment",
+    "pdd": "PDDeployment",
+    "pdremediationpolicy": "PDRemediationPolicy",
+    "pdremediationpolicies": "PDRemediationPolicy",
+    "pdrp": "PDRemediationPolicy",
+}
+
+
+def _kind_and_name(raw: str, kind: str | None) -> tuple[str | None, str]:
+    prefix, slash, rest = raw.partition("/")
+    if slash and prefix.lower() in STATUS_KINDS:
+        return STATUS_KINDS[prefix.lower()], rest
+    return (STATUS_KINDS[kind.lower()] if kind else None), raw
 
 
 def _demo(_: argparse.Namespace) -> int:
@@ -105,13 +133,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser(
         "status",
-        help="show a PDDeployment's pools, wedges and actions",
+        help="show a PDDeployment's or PDRemediationPolicy's pods, wedges and actions",
         description=(
-            "Show a PDDeployment's pools, conditions, current wedges with their evidence, the "
-            "last remediation actions and the circuit breaker."
+            "Show a PDDeployment's pools (or a PDRemediationPolicy's selected pods, refusals and "
+            "held-back actions), conditions, current wedges with their evidence, the last "
+            "remediation actions and the circuit breaker. NAME is looked up as a PDDeployment, "
+            "then as a PDRemediationPolicy; pdrp/NAME or --kind picks one."
         ),
     )
-    status.add_argument("name", help="PDDeployment name")
+    status.add_argument("name", help="NAME, or KIND/NAME (pdd/NAME, pdrp/NAME)")
+    status.add_argument(
+        "--kind", choices=sorted(STATUS_KINDS), default=None, help="look up only this kind"
+    )
     status.add_argument("-n", "--namespace", default="default")
     status.add_argument(
         "--kubeconfig", default=None, help="kubeconfig file (default: KUBECONFIG, ~/.kube/config)"

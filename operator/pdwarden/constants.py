@@ -49,6 +49,8 @@ HANDLER_RECONCILE: Final = "reconcile"  # create/update/resume of a PDDeployment
 HANDLER_RESYNC: Final = "resync"  # the level-based reconcile daemon
 HANDLER_SCRAPE: Final = "scrape"  # the scrape-detect-remediate daemon
 HANDLER_FORGET: Final = "forget"  # deletion: drop per-object memory
+HANDLER_POLICY: Final = "policy-remediation"  # a PDRemediationPolicy's remediation daemon
+HANDLER_POLICY_FORGET: Final = "policy-forget"  # deletion of a policy: drop its memory
 
 # The HTTP port of every worker container (metrics, admin API, generate); render and scraping
 # both use this one.

@@ -13,19 +13,23 @@ from typing import Any
 
 import kopf
 
-from pdwarden import handlers
+from pdwarden import handlers, policy_handlers
 from pdwarden.constants import (
     ANNOTATION_PREFIX,
     FINALIZER,
     GROUP,
     HANDLER_FORGET,
+    HANDLER_POLICY,
+    HANDLER_POLICY_FORGET,
     HANDLER_RECONCILE,
     HANDLER_RESYNC,
     HANDLER_SCRAPE,
     PLURAL,
+    POLICY_PLURAL,
     VERSION,
 )
 from pdwarden.k8s import KubeClient
+from pdwarden.k8s.foreign import ForeignPods
 from pdwarden.scraping import DEFAULT_MAX_BODY, WorkerClient
 
 
@@ -36,6 +40,7 @@ class RunConfig:
     global_dry_run: bool = False
     peering_lifetime: int = 60
     max_metrics_bytes: int = DEFAULT_MAX_BODY
+    policies: bool = True  # watch PDRemediationPolicies (pdwarden run --no-policies: off)
 
 
 def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
@@ -55,11 +60,18 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
         settings.peering.lifetime = config.peering_lifetime
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 30
+        client = KubeClient.from_environment()
         memo.state = handlers.OperatorState(
-            client=KubeClient.from_environment(),
+            client=client,
             token_key=config.token_key,
             global_dry_run=config.global_dry_run,
             workers=WorkerClient(max_body=config.max_metrics_bytes),
+        )
+        memo.policies = policy_handlers.PolicyState(
+            client=client,
+            workers=memo.state.workers,
+            foreign=ForeignPods(client),
+            global_dry_run=config.global_dry_run,
         )
 
     @kopf.on.login(registry=registry)
@@ -105,4 +117,24 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
     async def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         handlers.forget(memo.state, body)
 
+    if config.policies:
+        _register_policies(registry)
     return registry
+
+
+def _register_policies(registry: kopf.OperatorRegistry) -> None:
+    """PDRemediationPolicy: one remediation daemon per policy (no reconcile: it creates
+    nothing). Not registered with --no-policies, so kopf never watches the kind."""
+    resource = (GROUP, VERSION, POLICY_PLURAL)
+
+    @kopf.daemon(
+        *resource, registry=registry, id=HANDLER_POLICY, cancellation_timeout=2.0, initial_delay=1.0
+    )
+    async def policy_loop(body: kopf.Body, memo: kopf.Memo, stopped: Any, **_: Any) -> None:
+        while not stopped:
+            interval = await policy_handlers.policy_cycle(memo.policies, body)
+            await asyncio.sleep(interval)
+
+    @kopf.on.delete(*resource, registry=registry, id=HANDLER_POLICY_FORGET, optional=True)
+    async def policy_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        policy_handlers.forget_policy(memo.policies, body)

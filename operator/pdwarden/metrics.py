@@ -78,3 +78,8 @@ RECONCILE_PASSES = Counter(
     ["namespace", "name"],
 )
 PER_DEPLOYMENT = (REMEDIATION_SUSPENDED, WEDGED_ROOMS, REMEDIATION_CYCLES, RECONCILE_PASSES)
+POLICY_CYCLES = Counter(
+    "pdwarden_policy_cycles",
+    "Remediation cycles finished (whatever their outcome), per PDRemediationPolicy.",
+    ["namespace", "name"],
+)

@@ -24,6 +24,7 @@ from typing import Literal
 
 from pdwarden.api import CordonSpec, HeldBack, LedgerEntry
 from pdwarden.api.status import MAX_MESSAGE
+from pdwarden.ledger import ledger_entry
 from pdwarden.policy_scope import ForeignPod
 from pdwarden.remediation import Action
 
@@ -165,22 +166,18 @@ _LEDGER_OUTCOME: dict[EvictionResult, Literal["Succeeded", "Failed", "Skipped"]]
 def record_eviction(
     action: Action, outcome: EvictionOutcome, now: datetime
 ) -> tuple[LedgerEntry, HeldBack | None]:
-    """The ledger entry for a RestartDecode done by eviction, and a held-back note if any.
+    """The ledger entry for a restart (RestartDecode, RestartPrefill) done by eviction, and a
+    held-back note if any.
 
     Held back and gone are Skipped: the circuit breaker does not count them (see
     remediation.actions_in_last_hour), so a PDB that blocks every eviction cannot trip it.
     """
-    outcome_name = _LEDGER_OUTCOME[outcome.result]
-    reason = action.reason if not outcome.reason else f"{action.reason}; {outcome.reason}"
-    entry = LedgerEntry(
-        time=now,
-        action="RestartDecode",
-        pod=action.pod,
-        reason=reason[:MAX_MESSAGE],
-        outcome=outcome_name,
+    detail = outcome.reason if outcome.result != "Gone" else f"skipped: {outcome.reason}"
+    entry = ledger_entry(
+        action, now=now, dry_run=False, outcome=_LEDGER_OUTCOME[outcome.result], detail=detail
     )
     held = (
-        HeldBack(time=now, action="RestartDecode", pod=action.pod, reason=outcome.reason)
+        HeldBack(time=now, action=action.kind, pod=action.pod, reason=outcome.reason[:MAX_MESSAGE])
         if outcome.result == "HeldBack"
         else None
     )

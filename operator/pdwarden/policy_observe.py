@@ -1,25 +1,35 @@
 """Selection and cordon readiness -> the parts of a PDRemediationPolicy's status they decide.
 
-Why: the loop that will drive policies (next session) writes status only on material change, and
+Why: the loop that drives policies (remediate_policy) writes status only on material change, and
 its Conflict and CordonUnavailable conditions must keep their lastTransitionTime while nothing
 flips, exactly like conditions.set_condition does for a PDDeployment. This pure function fills in
 what selection knows (pod counts per role, refused pods, those two conditions) over the previous
-status, leaving wedges, the ledger and the other conditions to the remediation pass.
+status; `policy_cycle_status` adds what the remediation pass decided, through the very function
+that builds a PDDeployment's status (ledger.cycle_status), so the two kinds report alike.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from pdwarden.api import (
+    CONDITION_TYPES,
+    Condition,
+    HeldBack,
+    LedgerEntry,
+    PDDeploymentStatus,
     PDRemediationPolicySpec,
     PDRemediationPolicyStatus,
     PolicyCondition,
     PolicyConditionType,
 )
-from pdwarden.api.policy_status import PolicyDecodeStatus, PolicyRoleStatus
+from pdwarden.api.policy_status import MAX_HELD_BACK, PolicyDecodeStatus, PolicyRoleStatus
+from pdwarden.detection import Detection
+from pdwarden.ledger import cycle_status
 from pdwarden.policy_actions import CordonCheck
 from pdwarden.policy_scope import Scope, conflict_message, is_cordoned
+from pdwarden.remediation import DecodePod, Plan
 
 
 def _set(
@@ -83,3 +93,93 @@ def selection_status(
             "conditions": conditions,
         }
     )
+
+
+# -- after remediation: the PDDeployment's status logic, on the policy's status ----------------
+
+
+def as_deployment_status(status: PDRemediationPolicyStatus) -> PDDeploymentStatus:
+    """The part of a policy's status that a PDDeployment's status also has (conditions of the
+    five shared types, wedges, the ledger), so `ledger.cycle_status` and
+    `ledger.breaker_reset_at` run on it unchanged: one implementation for both kinds."""
+    return PDDeploymentStatus(
+        conditions=[
+            Condition.model_validate(c.model_dump()) for c in status.conditions
+            if c.type in CONDITION_TYPES
+        ],
+        wedged_rooms=status.wedged_rooms,
+        wedges=list(status.wedges),
+        remediation=status.remediation,
+    )  # fmt: skip
+
+
+def merge_held_back(
+    previous: Sequence[HeldBack],
+    new: Sequence[HeldBack],
+    done: Sequence[LedgerEntry],
+    matched: frozenset[str],
+) -> list[HeldBack]:
+    """What is held back now: this cycle's refusals, and earlier ones still pending (the pod is
+    still matched and the action has not gone through since), newest first, bounded."""
+    resolved = {(e.action, e.pod) for e in done if e.outcome == "Succeeded"}
+    fresh = {(h.action, h.pod) for h in new}
+    kept = [
+        h for h in previous
+        if h.pod in matched and (h.action, h.pod) not in resolved | fresh
+    ]  # fmt: skip
+    return sorted([*new, *kept], key=lambda h: h.time, reverse=True)[:MAX_HELD_BACK]
+
+
+def policy_cycle_status(
+    *,
+    previous: PDRemediationPolicyStatus,
+    spec: PDRemediationPolicySpec,
+    scope: Scope,
+    cordon: CordonCheck,
+    detection: Detection,
+    decision: Plan,
+    history: Sequence[LedgerEntry],
+    decodes: Sequence[DecodePod],
+    held_back: Sequence[HeldBack],
+    done: Sequence[LedgerEntry],
+    now: datetime,
+    reset_at: datetime | None,
+    generation: int | None,
+) -> PDRemediationPolicyStatus:
+    """The policy's status after one cycle: the PDDeployment's wedges, ledger, Wedged and
+    RemediationSuspended (ledger.cycle_status), selection (pods, refusals, Conflict,
+    CordonUnavailable), Ready, and what a PDB held back."""
+    shared = cycle_status(
+        previous=as_deployment_status(previous), policy=spec.remediation, generation=generation,
+        detection=detection, decision=decision, history=history, decodes=decodes, now=now,
+        reset_at=reset_at,
+    )  # fmt: skip
+    updated: dict[str, PolicyCondition] = {
+        c.type: PolicyCondition.model_validate(c.model_dump()) for c in shared.conditions
+    }
+    conditions = [updated.pop(c.type, c) for c in previous.conditions] + list(updated.values())
+    matched = len(scope.prefill_matched) + len(scope.decode_matched)
+    watched = len(scope.prefill) + len(scope.decode)
+    conditions = _set(
+        conditions, "Ready", bool(scope.prefill_matched and scope.decode_matched),
+        reason="PodsSelected" if scope.prefill_matched and scope.decode_matched
+        else "NoPodsSelected",
+        message=(
+            f"{len(scope.prefill_matched)} prefill and {len(scope.decode_matched)} decode pod(s) "
+            f"matched, {watched} of {matched} eligible ({spec.remediation.mode})"
+        ),
+        now=now, generation=generation,
+    )  # fmt: skip
+    out = previous.model_copy(
+        update={
+            "conditions": conditions,
+            "wedges": shared.wedges,
+            "wedged_rooms": shared.wedged_rooms,
+            "remediation": shared.remediation,
+            "held_back": merge_held_back(
+                previous.held_back, held_back, done,
+                frozenset(p.name for p in (*scope.prefill_matched, *scope.decode_matched)),
+            ),
+        }
+    )  # fmt: skip
+    return selection_status(spec, scope, cordon, out, now=now, generation=generation)

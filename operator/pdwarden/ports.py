@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from pdwarden.policy_actions import EvictionOutcome, LabelPatch
 from pdwarden.scraping import ScrapeResult, Target
 
 Obj = dict[str, Any]
@@ -49,6 +50,18 @@ class KubeApi(Protocol):
     async def delete_pod(self, namespace: str, name: str, uid: str) -> bool: ...
 
     async def create_event(self, event: Obj) -> None: ...
+
+
+class ForeignPodApi(Protocol):
+    """What a PDRemediationPolicy does to pods it does not own (k8s.foreign.ForeignPods):
+    one label, merge-patched on one incarnation ("Patched", "Conflict" or "Gone"); an eviction
+    through the Eviction API (PDBs decide); and reading the selector of the Service in front."""
+
+    async def set_pod_label(self, namespace: str, patch: LabelPatch) -> str: ...
+
+    async def evict_pod(self, namespace: str, name: str, uid: str) -> EvictionOutcome: ...
+
+    async def service_selector(self, namespace: str, name: str) -> dict[str, str] | None: ...
 
 
 class WorkerApi(Protocol):

@@ -10,19 +10,18 @@ until a status write carries it, so cooldown and the breaker never under-count.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, Literal
+from datetime import datetime
+from typing import Any
 
-from pdwarden import metrics, sanitize
+from pdwarden import metrics
 from pdwarden.api import LedgerEntry, PDDeploymentSpec, PDDeploymentStatus, RemediationStatus
-from pdwarden.api.status import MAX_HISTORY, MAX_MESSAGE
+from pdwarden.api.status import MAX_HISTORY
 from pdwarden.constants import (
     ANNOTATION_RESET_BREAKER,
     CONDITION_SERVING,
@@ -31,7 +30,6 @@ from pdwarden.constants import (
     WORKER_PORT,
 )
 from pdwarden.detection import Detection, detect
-from pdwarden.k8s.events import post_event
 from pdwarden.ledger import (
     breaker_reset_at,
     cycle_status,
@@ -43,17 +41,23 @@ from pdwarden.ownership import Workloads, owned_chain, selector
 from pdwarden.pod_views import (
     WORKER_ROLES,
     DeploymentMemory,
-    Observation,
     WorkerPod,
     decode_pods,
-    new_findings,
-    observation,
     pod_views,
     remember,
     scrape_targets,
     stale_pods,
 )
 from pdwarden.ports import KubeApi, WorkerApi
+from pdwarden.remediate_common import (
+    announce_new_wedges,
+    execute,
+    iso,
+    now_utc,
+    report_action,
+    scrape_all,
+    why,
+)
 from pdwarden.remediation import Action, Plan, plan
 from pdwarden.render import Owner, names
 from pdwarden.scraping import Target
@@ -62,7 +66,6 @@ from pdwarden.tokens import derive_token
 
 log = logging.getLogger("pdwarden.remediate")
 CORDON_REASON = "Cordoned"
-PENDING = "in progress"
 
 
 @dataclass
@@ -92,16 +95,9 @@ def _target(w: WorkerPod) -> Target:
     )  # fmt: skip
 
 
-def _now() -> datetime:
-    return datetime.now(UTC).replace(microsecond=0)
-
-
-def _iso(t: datetime) -> str:
-    return t.isoformat().replace("+00:00", "Z")
-
-
-def _why(e: BaseException) -> str:
-    return sanitize.text(str(e) or type(e).__name__, MAX_MESSAGE // 2)
+_now = now_utc
+_iso = iso
+_why = why
 
 
 class Remediator:
@@ -178,7 +174,9 @@ class Remediator:
         pods = await self.our_pods(owner)
         workers = scrape_targets(pods, spec.engine)
         token = await self.admin_token(owner) if any(w.rooms for w in workers) else None
-        observations = await self._scrape(workers, token)
+        observations = await scrape_all(
+            self.workers, workers, {w.uid: _target(w) for w in workers}, token
+        )
         interval = rem.scrape_interval_seconds
         remember(mem, list(observations.values()), rem.wedge_after_seconds + 3 * interval)
         views = pod_views(workers, observations, mem, time.monotonic(), interval)
@@ -195,7 +193,7 @@ class Remediator:
             decode_replicas=spec.decode.replicas, breaker_reset_at=reset_at,
             engine=spec.engine, prefills=decode_pods(pods, stale, now, role=ROLE_PREFILL),
         )  # fmt: skip
-        await self._announce_new_wedges(body, mem, detection, now)
+        await announce_new_wedges(self.client, body, mem, detection, now)
         ctx = _Cycle(body, owner, mem, token, now)
         ledger = await self._execute(ctx, decision, workers)
         status = cycle_status(
@@ -207,38 +205,18 @@ class Remediator:
         clear = reset_at == now and ANNOTATION_RESET_BREAKER in annotations
         return CycleResult(detection, decision, ledger, status, clear)
 
-    async def _scrape(self, workers: list[WorkerPod], token: str | None) -> dict[str, Observation]:
-        """Scrape every pod; one pod's failure, whatever it is, is that pod's error only."""
-        results = await asyncio.gather(*(self._scrape_one(w, token) for w in workers))
-        metrics.SCRAPES.inc(len(results))
-        metrics.SCRAPE_ERRORS.inc(sum(1 for o in results if o.sample is None))
-        return {o.uid: o for o in results}
-
-    async def _scrape_one(self, w: WorkerPod, token: str | None) -> Observation:
-        try:
-            (result,) = await self.workers.scrape([_target(w)], token if w.rooms else None)
-            return observation(w.uid, result.sample, result.rooms, result.error)
-        except Exception as e:  # contained per pod: the pod is stale this cycle, nothing else
-            metrics.ERRORS.labels("scrape").inc()
-            return Observation(w.uid, error=sanitize.error(f"{type(e).__name__}: {_why(e)}"))
-
     async def _execute(
         self, ctx: _Cycle, decision: Plan, workers: list[WorkerPod]
     ) -> list[LedgerEntry]:
-        entries = []
         by_pod = {w.name: _target(w) for w in workers}
-        for action in decision.actions:
-            # Written ahead into memory: if anything below is cut short, the next cycle still
-            # counts this action (cooldown, breaker) and the next status write records it.
-            pending = ledger_entry(
-                action, now=ctx.now, dry_run=decision.dry_run, outcome="Succeeded", detail=PENDING
-            )
-            ctx.mem.unrecorded.append(pending)
-            entry = await self._act(ctx, action, by_pod.get(action.pod), decision.dry_run)
-            ctx.mem.unrecorded[ctx.mem.unrecorded.index(pending)] = entry
-            entries.append(entry)
-            await self._report(ctx, action, entry, decision.dry_run)
-        return entries
+
+        async def act(action: Action) -> LedgerEntry:
+            return await self._act(ctx, action, by_pod.get(action.pod), decision.dry_run)
+
+        done = await execute(ctx.mem, decision, ctx.now, act)
+        for action, entry in done:
+            await report_action(self.client, ctx.body, action, entry, decision.dry_run)
+        return [entry for _, entry in done]
 
     async def _act(
         self, ctx: _Cycle, action: Action, target: Target | None, dry_run: bool
@@ -260,17 +238,6 @@ class Remediator:
             action, now=now, dry_run=False, outcome="Skipped" if skipped else "Succeeded",
             detail=detail, rooms=done,
         )  # fmt: skip
-
-    async def _report(self, ctx: _Cycle, action: Action, entry: LedgerEntry, dry_run: bool) -> None:
-        verb = f"DryRun{action.kind}" if dry_run else action.kind
-        message = f"{'would ' if dry_run else ''}{action.kind} {entry.pod}: {entry.reason}"
-        kind: Literal["Normal", "Warning"] = "Warning" if entry.outcome == "Failed" else "Normal"
-        await post_event(self.client, dict(ctx.body), verb, message, kind)
-        pod_ref = {"apiVersion": "v1", "kind": "Pod",
-                   "metadata": {"name": entry.pod, "namespace": ctx.owner.namespace,
-                                "uid": action.uid or None}}  # fmt: skip
-        await post_event(self.client, pod_ref, verb, message, kind)
-        log.info("%s/%s: %s", ctx.owner.namespace, ctx.owner.name, message)
 
     async def _perform(
         self, owner: Owner, action: Action, target: Target | None, token: str | None, now: datetime
@@ -303,15 +270,3 @@ class Remediator:
             report = await self.sglang.abort_all(target.base)
             return report.detail(f"{action.pod} ({target.base})"), report.aborted
         raise ValueError(f"unknown action {action.kind}")
-
-    async def _announce_new_wedges(
-        self, body: Mapping[str, Any], mem: DeploymentMemory, detection: Detection, now: datetime
-    ) -> None:
-        for f in new_findings(mem.first_seen, detection, now):
-            metrics.WEDGES_DETECTED.labels(f.reason).inc()
-            if f.reason in ("InflightStuck", "PeerIncarnationGone"):
-                metrics.TIME_TO_REMEDIATE.observe(sanitize.seconds(f.oldest_seconds))
-            await post_event(
-                self.client, dict(body), "WedgeDetected", f"{f.reason} on {f.pod}: {f.evidence}",
-                "Warning",
-            )  # fmt: skip

@@ -161,8 +161,23 @@ def _decided_fail_rooms(
 def _restarted_since(
     history: Sequence[LedgerEntry], pod: str, since: datetime, dry_run: bool
 ) -> bool:
+    """A restart that went through (one held back by a PodDisruptionBudget, Skipped, did not)."""
+    return any(
+        e.pod == pod
+        and e.action == "RestartDecode"
+        and e.outcome == "Succeeded"
+        and e.dry_run == dry_run
+        and e.time >= since
+        for e in history
+    )
+
+
+def _held_back_restart(
+    history: Sequence[LedgerEntry], pod: str, dry_run: bool
+) -> LedgerEntry | None:
+    """The pod's last action, if it is a restart that was held back (Skipped)."""
     last = _last_action_on(history, pod, dry_run)
-    return last is not None and last.action == "RestartDecode" and last.time >= since
+    return last if last and last.action == "RestartDecode" and last.outcome == "Skipped" else None
 
 
 def _prefill_rung(
@@ -341,6 +356,11 @@ def plan(
                 held.append(f"RestartDecode {name}: remediation suspended by the circuit breaker")
             elif _restarted_since(history, name, since, dry_run):
                 continue  # already restarted during this cordon: wait for the new pod
+            elif (
+                held_restart := _held_back_restart(history, name, dry_run)
+            ) is not None and now - held_restart.time < cooldown:
+                held.append(f"RestartDecode {name}: held back ({held_restart.reason}); retried "
+                            f"after cooldownSeconds")  # fmt: skip
             else:
                 actions.append(
                     Action("RestartDecode", name,

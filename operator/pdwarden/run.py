@@ -76,6 +76,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="largest worker /metrics (or rooms) answer read; a larger one is a scrape error "
         f"that names its size ({DEFAULT_MAX_BODY}, at most {MAX_BODY_LIMIT})",
     )  # fmt: skip
+    parser.add_argument(
+        "--policies", action=argparse.BooleanOptionalAction, default=True,
+        help="watch PDRemediationPolicies and remediate the pods they select (default); "
+        "--no-policies: the operator does not watch the kind at all (Helm: policies.enabled)",
+    )  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -97,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
             global_dry_run=args.global_dry_run,
             peering_lifetime=args.peering_lifetime,
             max_metrics_bytes=args.max_metrics_bytes,
+            policies=args.policies,
         )
     )
     if args.metrics_port:

@@ -98,10 +98,12 @@ class Target:
     port: int = WORKER_PORT
     rooms: bool = False  # also read GET /admin/rooms (pdworker prefill)
     engine: str | None = None  # picks the metrics adapter; None reads either engine's names
+    metrics_path: str = METRICS_PATH  # a PDRemediationPolicy names its own (spec.metrics)
+    scheme: str = "http"
 
     @property
     def base(self) -> str:
-        return f"http://{self.ip}:{self.port}"
+        return f"{self.scheme}://{self.ip}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,7 @@ class WorkerClient:
 
     async def scrape_one(self, target: Target, token: str | None) -> ScrapeResult:
         try:
-            body = await self._get(target.base + METRICS_PATH)
+            body = await self._get(target.base + target.metrics_path)
             sample = await self._off_loop(parse_body, body, time.monotonic(), target.engine)
             rooms = None
             if target.rooms:

@@ -106,7 +106,7 @@ class AbortReport:
 class PrefillAborter(Protocol):
     """What the remediator needs from an SGLang prefill; tests pass an in-memory fake."""
 
-    async def abort_all(self, base_url: str) -> AbortReport: ...
+    async def abort_all(self, base_url: str, token: str | None = None) -> AbortReport: ...
 
 
 def held_requests(text: str) -> Held:
@@ -136,12 +136,16 @@ class SGLangAdmin:
     def __init__(self, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.timeout = aiohttp.ClientTimeout(total=timeout)
 
-    async def abort_all(self, base_url: str) -> AbortReport:
+    async def abort_all(self, base_url: str, token: str | None = None) -> AbortReport:
+        """`token`: SGLang's --admin-api-key, sent as a Bearer token (SGLang 0.5.23,
+        srt/utils/auth.py: /abort_request is ADMIN_OPTIONAL, so it needs the key once the
+        server has one); a PDRemediationPolicy reads it from spec.adminTokenSecretRef."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         async with aiohttp.ClientSession(timeout=self.timeout) as session:
             before = await self._held(session, base_url)
             try:
                 async with session.post(
-                    base_url + ABORT_PATH, json={"rid": "", "abort_all": True}
+                    base_url + ABORT_PATH, json={"rid": "", "abort_all": True}, headers=headers
                 ) as resp:
                     if resp.status != 200:
                         text = (await resp.content.read(MAX_ERROR_BODY)).decode(errors="replace")
@@ -183,6 +187,7 @@ def _auth_hint(status: int) -> str:
     if status in (401, 403):
         return (
             " (the server runs with --api-key or --admin-api-key; /abort_request then needs that "
-            "key, which pdwarden does not hold)"
+            "key: a PDRemediationPolicy names it in spec.adminTokenSecretRef, a PDDeployment "
+            "does not hold it)"
         )
     return ""

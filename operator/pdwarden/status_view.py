@@ -1,4 +1,4 @@
-"""What `pdwarden status NAME` prints: a PDDeployment object (as the API server returns it) to text.
+"""What `pdwarden status NAME` prints: a PDDeployment or PDRemediationPolicy object to text.
 
 Why pure: the view is the first thing a person reads during an incident, so its layout is unit
 tested on plain dicts, with no cluster and no clock (`now` is passed in). Fetching the object
@@ -16,7 +16,15 @@ from datetime import datetime
 from typing import Any, Final, get_args
 
 from pdwarden.api import RemediationSpec
-from pdwarden.constants import ANNOTATION_RESET_BREAKER, ROLES, SHORT_NAME
+from pdwarden.constants import (
+    ANNOTATION_RESET_BREAKER,
+    POLICY_KIND,
+    POLICY_SHORT_NAME,
+    ROLE_DECODE,
+    ROLE_PREFILL,
+    ROLES,
+    SHORT_NAME,
+)
 from pdwarden.detection import Reason
 
 WIDTH: Final = 100
@@ -34,22 +42,29 @@ def format_status(obj: Obj, now: datetime | None = None, width: int = WIDTH) -> 
     meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
     status = obj.get("status") or {}
     remediation = spec.get("remediation") or {}
-    out = [_wrap(_header(meta, spec, status, remediation), width)]
+    policy = obj.get("kind") == POLICY_KIND
+    kind = POLICY_KIND if policy else "PDDeployment"
+    out = [_wrap(_header(meta, spec, status, remediation, kind), width)]
     if not status:
         out.append(
             _wrap(
-                "No status yet: the operator has not reconciled this PDDeployment "
+                f"No status yet: the operator has not reconciled this {kind} "
                 "(is `pdwarden run` running and watching this namespace?).",
                 width,
             )
         )
-    out += ["", _pools(spec, status, width)]
+    out += ["", _selected(status, width) if policy else _pools(spec, status, width)]
+    if policy and status.get("refused"):
+        out += ["", _refused(status["refused"], width)]
+    if policy and status.get("heldBack"):
+        out += ["", _held_back(status["heldBack"], now, width)]
     if status.get("conditions"):
         out += ["", _conditions(status["conditions"], now, width)]
     out += ["", _wedges(status, now, width)]
     rem = status.get("remediation") or {}
     out += ["", _actions(rem.get("history") or [], now, width)]
-    out += ["", _breaker(rem, remediation, meta, now, width)]
+    short = POLICY_SHORT_NAME if policy else SHORT_NAME
+    out += ["", _breaker(rem, remediation, meta, now, width, short=short)]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -69,20 +84,65 @@ def status_json(obj: Obj) -> str:
 # -- sections ------------------------------------------------------------------------------
 
 
-def _header(meta: Obj, spec: Obj, status: Obj, remediation: Obj) -> str:
+def _header(meta: Obj, spec: Obj, status: Obj, remediation: Obj, kind: str) -> str:
     name = f"{meta.get('namespace', '?')}/{meta.get('name', '?')}"
     generation, observed = meta.get("generation"), status.get("observedGeneration")
     gen = f"generation {generation}" + (
         f" (observed {observed})" if observed is not None and observed != generation else ""
     )
+    if kind == POLICY_KIND:
+        conditions: Sequence[Obj] = status.get("conditions") or []
+        ready: Obj = next((c for c in conditions if c.get("type") == "Ready"), {})
+        state = f"ready {ready.get('status', 'Unknown')}"
+        mode = remediation.get("mode", "DryRun")
+    else:
+        state, mode = (
+            f"phase {status.get('phase') or 'Unknown'}",
+            remediation.get("mode", "Enforce"),
+        )
     parts = [
-        f"PDDeployment {name}",
-        f"phase {status.get('phase') or 'Unknown'}",
+        f"{kind} {name}",
+        state,
         f"engine {spec.get('engine', '?')}",
-        f"remediation {remediation.get('mode', 'Enforce')}",
+        f"remediation {mode}",
         gen,
     ]
     return "   ".join(parts)
+
+
+def _selected(status: Obj, width: int) -> str:
+    """A policy's pods per selector: matched, eligible (not refused), ready, cordoned."""
+    rows = []
+    for role in (ROLE_PREFILL, ROLE_DECODE):
+        st = status.get(role) or {}
+        rows.append(
+            [
+                role,
+                str(st.get("matched", "-")),
+                str(st.get("eligible", "-")),
+                str(st.get("ready", "-")),
+                str(st.get("cordoned", 0)) if role == ROLE_DECODE and st else "-",
+                str(st.get("selector", "")),
+            ]
+        )
+    return _table(["PODS", "MATCHED", "ELIGIBLE", "READY", "CORDONED", "SELECTOR"], rows, width)
+
+
+def _refused(refused: Sequence[Obj], width: int) -> str:
+    rows = [
+        [str(r.get("pod", "?")), str(r.get("reason", "?")), ", ".join(r.get("policies") or [])]
+        for r in refused
+    ]
+    return "Not acted on:\n" + _table(["POD", "REASON", "ALSO SELECTED BY"], rows, width)
+
+
+def _held_back(held: Sequence[Obj], now: datetime | None, width: int) -> str:
+    rows = [
+        [_when(h.get("time"), now), str(h.get("action", "?")), str(h.get("pod", "?")),
+         _one_line(str(h.get("reason", "")))]
+        for h in held
+    ]  # fmt: skip
+    return "Held back:\n" + _table(["WHEN", "ACTION", "POD", "REASON"], rows, width)
 
 
 def _pools(spec: Obj, status: Obj, width: int) -> str:
@@ -171,13 +231,15 @@ def _actions(history: Sequence[Obj], now: datetime | None, width: int) -> str:
     return "\n".join([title, _table(headers, rows, width)])
 
 
-def _breaker(rem: Obj, policy: Obj, meta: Obj, now: datetime | None, width: int) -> str:
+def _breaker(
+    rem: Obj, policy: Obj, meta: Obj, now: datetime | None, width: int, *, short: str = SHORT_NAME
+) -> str:
     limit = policy.get("maxActionsPerHour", DEFAULT_MAX_ACTIONS_PER_HOUR)
     used = rem.get("actionsLastHour", 0)
     if rem.get("suspended"):
         state = (
             f"BREAKER: OPEN, remediation suspended ({used} of {limit} actions in the last hour); "
-            f"reset it with `kubectl annotate {SHORT_NAME} {meta.get('name', 'NAME')} "
+            f"reset it with `kubectl annotate {short} {meta.get('name', 'NAME')} "
             f"-n {meta.get('namespace', 'default')} {ANNOTATION_RESET_BREAKER}=now` "
             "or by changing the spec"
         )

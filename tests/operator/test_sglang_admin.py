@@ -164,3 +164,35 @@ def test_the_remediator_records_what_the_abort_cost() -> None:
 
     detail, count = asyncio.run(remediator._perform(owner, action, None, None, now))
     assert detail.startswith("skipped") and count == 0 and len(fake.calls) == 1
+
+
+def test_the_admin_key_is_sent_as_sglang_checks_it() -> None:
+    """SGLang 0.5.23 (srt/utils/auth.py) wants `Authorization: Bearer <admin key>` once the server
+    has --admin-api-key; a PDRemediationPolicy passes the key from spec.adminTokenSecretRef."""
+    seen: list[str | None] = []
+
+    async def abort(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization"))
+        ok = request.headers.get("Authorization") == "Bearer the-key"
+        return web.Response(status=200 if ok else 401)
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def go() -> None:
+        app = web.Application()
+        app.add_routes([web.post("/abort_request", abort), web.get("/metrics", metrics)])
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = _free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            report = await SGLangAdmin().abort_all(f"http://127.0.0.1:{port}", "the-key")
+            assert report.status == 200
+            with pytest.raises(AdminCallError):
+                await SGLangAdmin().abort_all(f"http://127.0.0.1:{port}")
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(go())
+    assert seen == ["Bearer the-key", None]

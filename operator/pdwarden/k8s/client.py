@@ -34,6 +34,7 @@ _PLURALS: Final[dict[str, tuple[str, bool]]] = {
     "Role": ("roles", True),
     "RoleBinding": ("rolebindings", True),
     "PDDeployment": ("pddeployments", True),
+    "PDRemediationPolicy": ("pdremediationpolicies", True),
 }
 DEFAULT_TIMEOUT: Final = 15.0
 MAX_REASON: Final = 1024

@@ -131,3 +131,19 @@ async def service_selector(
         raise
     selector = (service.get("spec") or {}).get("selector") or {}
     return {str(k): str(v) for k, v in selector.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class ForeignPods:
+    """The three verbs above bound to one client (satisfies pdwarden.ports.ForeignPodApi)."""
+
+    client: KubeClient
+
+    async def set_pod_label(self, namespace: str, patch: LabelPatch) -> str:
+        return await set_pod_label(self.client, namespace, patch)
+
+    async def evict_pod(self, namespace: str, name: str, uid: str) -> EvictionOutcome:
+        return await evict_pod(self.client, namespace, name, uid)
+
+    async def service_selector(self, namespace: str, name: str) -> dict[str, str] | None:
+        return await service_selector(self.client, namespace, name)
