@@ -325,6 +325,55 @@ def test_admission_policy_holds_the_cluster_wide_identity_to_owned_hardened_obje
     # release's operator reconciled and remediated under the same policy in the tests above.
 
 
+def test_admission_policy_lets_policies_switch_only_the_cordon_label_and_evict(
+    release: Release, wide: Release, cluster: Cluster
+) -> None:
+    """A PDRemediationPolicy acts on pods pdwarden does not own: the chart's admission policy
+    lets the operator's identity flip the cordon label and evict there, and nothing else."""
+    policy = f"{wide.name}-pdwarden-operator-writes"
+    ns = release.watched
+    name = "someone-elses-pod"
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns,
+                     "labels": {"app": "sglang-decode", "pdwarden.dev/serving": "true"}},
+        "spec": {"containers": [{"name": "c", "image": "example.invalid/decode:1"}],
+                 "nodeSelector": {"pdwarden.dev/no-such-node": "true"}},
+    }  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    try:
+
+        def as_operator(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+            return cluster.kubectl(*args, f"--as={wide.sa}", input=stdin, check=False)
+
+        def refused(out: subprocess.CompletedProcess[str]) -> None:
+            assert out.returncode != 0, "accepted"
+            assert f"ValidatingAdmissionPolicy '{policy}'" in out.stderr, out.stderr
+            assert "may only switch a cordon label or evict" in out.stderr, out.stderr
+
+        label = ("label", "--dry-run=server", "--overwrite", "-n", ns, f"pod/{name}")
+        ok = as_operator(*label, "pdwarden.dev/serving=false")
+        assert ok.returncode == 0, ok.stderr
+        refused(as_operator(*label, "app=something-else"))
+        refused(as_operator(*label, "pdwarden.dev/serving=false", "extra=1"))
+        image = [{"op": "replace", "path": "/spec/containers/0/image", "value": "evil:1"}]
+        refused(as_operator("patch", "--dry-run=server", "-n", ns, f"pod/{name}",
+                            "--type=json", "-p", json.dumps(image)))  # fmt: skip
+        refused(as_operator("delete", "--dry-run=server", "-n", ns, f"pod/{name}"))
+        eviction = {
+            "apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": name, "namespace": ns},
+            "deleteOptions": {"dryRun": ["All"]},
+        }  # fmt: skip
+        out = as_operator(
+            "create", "--raw", f"/api/v1/namespaces/{ns}/pods/{name}/eviction", "-f", "-",
+            stdin=json.dumps(eviction),
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+    finally:
+        cluster.kubectl("delete", "pod", name, "-n", ns, "--wait=false", check=False)
+
+
 def test_upgrade_with_changed_values_rolls_the_operator(release: Release, cluster: Cluster) -> None:
     (before,) = release.operator_pods()
 
