@@ -13,26 +13,26 @@ from pathlib import Path
 from typing import Any
 
 from bench import common, harness
+from pdworker import contract
 
 FLAGS = [
     "--layers", "2", "--heads", "2", "--head-dim", "16", "--page-size", "4", "--vocab", "1024",
     "--kv-pages", "4096", "--chunk-pages", "1", "--device", "cpu",
 ]  # fmt: skip
-REASONS = ("aborted", "bootstrap_timeout", "waiting_timeout", "inflight_timeout",
-           "transfer_error", "peer_lost", "admin")  # fmt: skip
+REASONS = contract.FAILURE_REASONS
 
 
 def leaks(w: harness.Workers, proc: harness.Proc) -> dict[str, Any]:
     s = harness.scrape(proc.url)
-    status, rooms = w.admin(proc, "GET", "/admin/rooms")
+    status, rooms = w.admin(proc, "GET", contract.ADMIN_ROOMS_PATH)
     return {
         "rooms": len(rooms) if status == 200 and isinstance(rooms, list) else -1,
         "queue_gauges_sum": sum(harness.metric(s, q) for q in harness.QUEUES),
-        "pages_in_use": harness.metric(s, "pdworker_kv_pages_total")
-        - harness.metric(s, "pdworker_kv_pages_free"),
-        "checksum_mismatch": harness.metric(s, "pdworker_kv_checksum_mismatch_total"),
+        "pages_in_use": harness.metric(s, contract.KV_PAGES_TOTAL)
+        - harness.metric(s, contract.KV_PAGES_FREE),
+        "checksum_mismatch": harness.metric(s, contract.KV_CHECKSUM_MISMATCH),
         "failed_by_reason": {
-            r: harness.metric(s, "pdworker_requests_failed_total", reason=r) for r in REASONS
+            r: harness.metric(s, contract.REQUESTS_FAILED, reason=r) for r in REASONS
         },
     }
 

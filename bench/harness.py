@@ -31,6 +31,8 @@ from typing import Any
 
 from e2e.httpjson import http
 
+from pdworker import contract as c
+
 LOOPBACK = "127.0.0.1"
 TOKEN = "pd-harness-admin-token"
 BOOTSTRAP_TOKEN = "pd-harness-bootstrap-token"
@@ -47,11 +49,11 @@ SMALL = [
 ]  # fmt: skip
 # The gauges that are 0 on an idle worker (queues and running requests).
 QUEUES = (
-    "pdworker_prefill_bootstrap_queue_reqs",
-    "pdworker_prefill_inflight_queue_reqs",
-    "pdworker_decode_prealloc_queue_reqs",
-    "pdworker_decode_transfer_queue_reqs",
-    "pdworker_decode_running_reqs",
+    c.PREFILL_BOOTSTRAP_QUEUE,
+    c.PREFILL_INFLIGHT_QUEUE,
+    c.DECODE_PREALLOC_QUEUE,
+    c.DECODE_TRANSFER_QUEUE,
+    c.DECODE_RUNNING,
 )
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -234,7 +236,7 @@ class Workers:
             def ready(proc: Proc = proc) -> bool:
                 if not proc.alive():
                     raise ProcessFailed(f"{proc.name} exited:\n{proc.log.read_text()[-3000:]}")
-                return http("GET", f"{proc.url}/readyz", timeout=2)[0] == 200
+                return http("GET", f"{proc.url}{c.READYZ_PATH}", timeout=2)[0] == 200
 
             wait_for(ready, timeout, f"{proc.name} ready")
 
@@ -268,8 +270,8 @@ class Workers:
     def clean(self, proc: Proc) -> bool:
         """Queues 0, no rooms in any phase, every KV page free, all at once."""
         s = scrape(proc.url)
-        status, rooms = self.admin(proc, "GET", "/admin/rooms")
-        pages = metric(s, "pdworker_kv_pages_free") == metric(s, "pdworker_kv_pages_total")
+        status, rooms = self.admin(proc, "GET", c.ADMIN_ROOMS_PATH)
+        pages = metric(s, c.KV_PAGES_FREE) == metric(s, c.KV_PAGES_TOTAL)
         return all(metric(s, q) == 0 for q in QUEUES) and status == 200 and rooms == [] and pages
 
     def kill(self, proc: Proc, sig: int = signal.SIGKILL) -> None:

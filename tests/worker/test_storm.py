@@ -12,9 +12,10 @@ import time
 import pytest
 from bench.harness import Workers, metric, queues_idle, scrape, wait_clean, wait_for
 
+from pdworker.contract import FAILURE_REASONS
+
 pytestmark = [pytest.mark.nixl, pytest.mark.slow]
-REASONS = ("aborted", "bootstrap_timeout", "waiting_timeout", "inflight_timeout",
-           "transfer_error", "peer_lost", "admin")  # fmt: skip
+REASONS = FAILURE_REASONS
 STORM = ["--clients", "30", "--cancel-fraction", "0.3", "--prompt-len", "4:64",
          "--output-len", "1:8", "--seed", "7"]  # fmt: skip
 # A slower forward (chunks of one page, 3 ms each) so cancellations land mid-prefill too.
