@@ -8,32 +8,31 @@ queue gauge 0, every KV page free, no checksum mismatch, no failure reason other
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
-from bench import common
+from bench import common, harness
+from pdworker import contract
 
 FLAGS = [
     "--layers", "2", "--heads", "2", "--head-dim", "16", "--page-size", "4", "--vocab", "1024",
     "--kv-pages", "4096", "--chunk-pages", "1", "--device", "cpu",
 ]  # fmt: skip
-REASONS = ("aborted", "bootstrap_timeout", "waiting_timeout", "inflight_timeout",
-           "transfer_error", "peer_lost", "admin")  # fmt: skip
+REASONS = contract.FAILURE_REASONS
 
 
-def leaks(w: common.Workers, proc: common.Proc) -> dict[str, Any]:
-    s = common.scrape(proc.url)
-    status, rooms = w.admin(proc, "GET", "/admin/rooms")
+def leaks(w: harness.Workers, proc: harness.Proc) -> dict[str, Any]:
+    s = harness.scrape(proc.url)
+    status, rooms = w.admin(proc, "GET", contract.ADMIN_ROOMS_PATH)
     return {
         "rooms": len(rooms) if status == 200 and isinstance(rooms, list) else -1,
-        "queue_gauges_sum": sum(common.metric(s, q) for q in common.QUEUES),
-        "pages_in_use": common.metric(s, "pdworker_kv_pages_total")
-        - common.metric(s, "pdworker_kv_pages_free"),
-        "checksum_mismatch": common.metric(s, "pdworker_kv_checksum_mismatch_total"),
+        "queue_gauges_sum": sum(harness.metric(s, q) for q in harness.QUEUES),
+        "pages_in_use": harness.metric(s, contract.KV_PAGES_TOTAL)
+        - harness.metric(s, contract.KV_PAGES_FREE),
+        "checksum_mismatch": harness.metric(s, contract.KV_CHECKSUM_MISMATCH),
         "failed_by_reason": {
-            r: common.metric(s, "pdworker_requests_failed_total", reason=r) for r in REASONS
+            r: harness.metric(s, contract.REQUESTS_FAILED, reason=r) for r in REASONS
         },
     }
 
@@ -41,20 +40,20 @@ def leaks(w: common.Workers, proc: common.Proc) -> dict[str, Any]:
 def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
     duration = 4.0 if quick else 30.0
     started = time.monotonic()
-    with common.Workers() as w:
-        prefill = w.worker("prefill", FLAGS)
-        decode = w.worker("decode", FLAGS)
+    with harness.Workers() as w:
+        prefill = w.worker("prefill", *FLAGS)
+        decode = w.worker("decode", *FLAGS)
         router = w.router([prefill], [decode])
         w.wait_ready(prefill, decode, router)
-        summary = common.load(
-            router.url, w.tmp, "--clients", "30", "--duration", str(duration),
+        summary = w.load(
+            router, "--clients", "30", "--duration", str(duration),
             "--cancel-fraction", "0.3", "--cancel-max-ms", "150", "--prompt-len", "4:64",
             "--output-len", "1:8", "--vocab", "1024", "--seed", "7",
         )  # fmt: skip
         t0 = time.monotonic()
         settled = True
         try:
-            common.wait_for(lambda: w.clean(prefill) and w.clean(decode), 30, "workers clean")
+            harness.wait_for(lambda: w.clean(prefill) and w.clean(decode), 30, "workers clean")
         except TimeoutError:
             settled = False
         clean_after = time.monotonic() - t0
@@ -89,34 +88,32 @@ def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
         f"cancelled, {summary['failed_total']} failed; leaked rooms {leaked_rooms} "
         f"(gauges 0, pages free: {data['leak_free']}); clean {clean_after:.1f} s after"
     )
-    _plot(common.plot_path(out, "abort_storm", quick), summary, after)
-    common.write_result(out, "abort_storm", data, quick, readme, figures)
+    common.finish(out, "abort_storm", quick, readme, data, figures,
+                  lambda path: _plot(path, summary, after))  # fmt: skip
     return data
 
 
 def _plot(path: Path, summary: dict[str, Any], after: dict[str, Any]) -> None:
-    plt = common.pyplot()
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(8, 3.4), dpi=90)
-    keys = ["completed", "cancelled", "timeouts", "failed_total"]
-    a1.bar(keys, [summary[k] for k in keys], color=["tab:green", "tab:orange", "tab:red", "k"])
-    a1.set_title("client outcomes", fontsize=9)
-    a1.tick_params(axis="x", labelsize=7)
-    names = ["rooms", "queue_gauges_sum", "pages_in_use"]
-    for i, role in enumerate(after):
-        a2.bar([x + i * 0.4 for x in range(3)], [after[role][n] for n in names], 0.4, label=role)
-    a2.set_xticks(range(3), names, fontsize=7)
-    a2.set_ylim(0, max(1, *(after[r][n] for r in after for n in names)))
-    a2.set_title("left behind afterwards (must be 0)", fontsize=9)
-    a2.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    with common.figure(path, 1, 2, figsize=(8, 3.4), dpi=90) as (a1, a2):
+        keys = ["completed", "cancelled", "timeouts", "failed_total"]
+        a1.bar(keys, [summary[k] for k in keys], color=["tab:green", "tab:orange", "tab:red", "k"])
+        a1.set_title("client outcomes", fontsize=9)
+        a1.tick_params(axis="x", labelsize=7)
+        names = ["rooms", "queue_gauges_sum", "pages_in_use"]
+        for i, role in enumerate(after):
+            a2.bar(
+                [x + i * 0.4 for x in range(3)], [after[role][n] for n in names], 0.4, label=role
+            )
+        a2.set_xticks(range(3), names, fontsize=7)
+        a2.set_ylim(0, max(1, *(after[r][n] for r in after for n in names)))
+        a2.set_title("left behind afterwards (must be 0)", fontsize=9)
+        a2.legend(fontsize=7)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = common.parse_args(__doc__ or "", argv)
-    data = run(args.quick, args.out, args.readme)
-    print(json.dumps({k: v for k, v in data.items() if k != "after"}, indent=1))
+    common.main(
+        __doc__ or "", run, argv, show=lambda d: {k: v for k, v in d.items() if k != "after"}
+    )
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench import common
+from bench import common, harness
 from bench.abort_storm import REASONS, leaks
 
 PROBE_INTERVAL_S = 0.05
@@ -112,12 +112,12 @@ def run(quick: bool, out: Path, readme: Path | None, device: str = "cpu") -> dic
     prompt = "16:1024" if quick else "16:4096"
     flags = [*(GPU_FLAGS if gpu else FLAGS), "--device", device]
     started = time.monotonic()
-    with common.Workers() as w:
-        prefill = w.worker("prefill", flags)
-        decode = w.worker("decode", flags)
+    with harness.Workers() as w:
+        prefill = w.worker("prefill", *flags)
+        decode = w.worker("decode", *flags)
         router = w.router([prefill], [decode])
         w.wait_ready(prefill, decode, router)
-        boot = f"http://{common.LOOPBACK}:{prefill.bootstrap_port}"
+        boot = f"http://{harness.LOOPBACK}:{prefill.bootstrap_port}"
         probe_body = json.dumps({"agent": "bench-probe"}).encode()
         targets = {
             "prefill /healthz": ("GET", f"{prefill.url}/healthz", None),
@@ -130,14 +130,14 @@ def run(quick: bool, out: Path, readme: Path | None, device: str = "cpu") -> dic
         with Prober(targets) as idle:
             idle.stop.wait(3.0 if quick else 10.0)
         with Prober(targets) as prober:
-            summary = common.load(
-                router.url, w.tmp, "--clients", str(clients), "--duration", str(duration),
+            summary = w.load(
+                router, "--clients", str(clients), "--duration", str(duration),
                 "--cancel-fraction", "0.3", "--cancel-max-ms", "500", "--prompt-len", prompt,
                 "--output-len", "1:16", "--vocab", "1024", "--seed", "16", "--timeout", "120",
             )  # fmt: skip
         settled = True
         try:
-            common.wait_for(lambda: w.clean(prefill) and w.clean(decode), 60, "workers clean")
+            harness.wait_for(lambda: w.clean(prefill) and w.clean(decode), 60, "workers clean")
         except TimeoutError:
             settled = False
         left = {"prefill": leaks(w, prefill), "decode": leaks(w, decode)}
@@ -178,40 +178,23 @@ def run(quick: bool, out: Path, readme: Path | None, device: str = "cpu") -> dic
         f"leaked {leaked:g}, checksum mismatches {mismatches:g}"
     )
     name = "kv_storm-gpu" if gpu else "kv_storm"
-    try:
-        _plot(common.plot_path(out, name, quick), prober)
-    except ImportError as exc:  # a bare GPU machine may lack matplotlib: numbers still count
-        data["no_plot"] = str(exc)
-    common.write_result(out, name, data, quick, readme, figures)
+    common.finish(out, name, quick, readme, data, figures, lambda path: _plot(path, prober))
     return data
 
 
 def _plot(path: Path, prober: Prober) -> None:
-    plt = common.pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=90)
-    for name, vals in prober.latencies.items():
-        ax.plot(range(len(vals)), [v * 1000 for v in vals], label=name, linewidth=0.8)
-    ax.axhline(100, color="red", linestyle="--", linewidth=0.8, label="100 ms goal")
-    ax.set_yscale("log")
-    ax.set_xlabel("probe # (every ~50 ms during the storm)")
-    ax.set_ylabel("answer latency (ms)")
-    ax.set_title(f"endpoint latency under the KV storm, {common.machine_note()}")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    with common.figure(path, figsize=(7, 4.2), dpi=90) as ax:
+        for name, vals in prober.latencies.items():
+            ax.plot(range(len(vals)), [v * 1000 for v in vals], label=name, linewidth=0.8)
+        ax.axhline(100, color="red", linestyle="--", linewidth=0.8, label="100 ms goal")
+        ax.set_yscale("log")
+        title = f"endpoint latency under the KV storm, {common.machine_note()}"
+        common.label(ax, "probe # (every ~50 ms during the storm)", "answer latency (ms)", title)
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--device", default="cpu", help="cpu, or cuda[:N]")
-    known, rest = pre.parse_known_args(argv)
-    args = common.parse_args(__doc__ or "", rest)
-    data = run(args.quick, args.out, args.readme, known.device)
-    print(json.dumps({k: data[k] for k in ("probes", "goals", "wall_seconds")}, indent=1))
+    show = ("probes", "goals", "wall_seconds")
+    common.main(__doc__ or "", run, argv, show=lambda d: {k: d[k] for k in show}, device=True)
 
 
 if __name__ == "__main__":

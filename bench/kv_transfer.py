@@ -25,7 +25,6 @@ one device lease: repetitions stop early (recorded) rather than overrun.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -35,7 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from bench import common
+from e2e.httpjson import http
+
+from bench import common, harness
 
 MIB = 1 << 20
 FULL_SIZES = [1, 4, 16, 64, 256]
@@ -112,7 +113,7 @@ class Pair:
             [*cmd, "target", *common_args], stdin=subprocess.PIPE, stdout=self.logs[0],
             stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
         )  # fmt: skip
-        common.wait_for(lambda: meta.exists() or self.target.poll() is not None, 120, "target")
+        harness.wait_for(lambda: meta.exists() or self.target.poll() is not None, 120, "target")
         if self.target.poll() is not None:
             raise RuntimeError(f"NIXL target ({label}) exited: {self._log(0)}")
         self.init = subprocess.Popen(
@@ -164,13 +165,13 @@ class Pair:
 class Pipeline:
     """prefill + decode + router; one room of a given KV size at a time."""
 
-    def __init__(self, workers: common.Workers, kv_pages: int, geo: Geometry = CPU_GEOMETRY,
+    def __init__(self, workers: harness.Workers, kv_pages: int, geo: Geometry = CPU_GEOMETRY,
                  device: str = "cpu") -> None:  # fmt: skip
         flags = worker_flags(kv_pages, geo, device)
         self.geo = geo
         self.workers = workers
-        self.prefill = workers.worker("prefill", flags)
-        self.decode = workers.worker("decode", flags)
+        self.prefill = workers.worker("prefill", *flags)
+        self.decode = workers.worker("decode", *flags)
         self.router = workers.router([self.prefill], [self.decode])
 
     def wait(self) -> None:
@@ -180,9 +181,9 @@ class Pipeline:
         tokens = nbytes // self.geo.token_bytes
         ids = [(i * 7919) % 1024 for i in range(tokens)]
         name = "pdworker_kv_transfer_seconds"
-        before = [common.scrape(w.url) for w in (self.prefill, self.decode)]
+        before = [harness.scrape(w.url) for w in (self.prefill, self.decode)]
         t0 = time.perf_counter()
-        status, answer = common.http(
+        status, answer = http(
             "POST", f"{self.router.url}/generate", {"input_ids": ids, "max_new_tokens": 1},
             timeout=300,
         )  # fmt: skip
@@ -194,14 +195,14 @@ class Pipeline:
             ("prefill", "decode"), (self.prefill, self.decode), before, strict=True
         ):
 
-            def observed(w: common.Proc = w, b: common.Samples = b) -> bool:
-                a = common.scrape(w.url)
-                return common.metric(a, f"{name}_count") > common.metric(b, f"{name}_count")
+            def observed(w: harness.Proc = w, b: harness.Samples = b) -> bool:
+                a = harness.scrape(w.url)
+                return harness.metric(a, f"{name}_count") > harness.metric(b, f"{name}_count")
 
-            common.wait_for(observed, 30, f"{role} transfer observation")
-            a = common.scrape(w.url)
-            count = common.metric(a, f"{name}_count") - common.metric(b, f"{name}_count")
-            total = common.metric(a, f"{name}_sum") - common.metric(b, f"{name}_sum")
+            harness.wait_for(observed, 30, f"{role} transfer observation")
+            a = harness.scrape(w.url)
+            count = harness.metric(a, f"{name}_count") - harness.metric(b, f"{name}_count")
+            total = harness.metric(a, f"{name}_sum") - harness.metric(b, f"{name}_sum")
             out[role] = total / count
         return out
 
@@ -232,7 +233,7 @@ def run(quick: bool, out: Path, readme: Path | None, device: str = "cpu",
     times: dict[str, dict[int, list[float]]] = {}
     extra_e2e: dict[str, dict[int, list[float]]] = {"decode": {}, "client": {}}
     errors: list[str] = []
-    with common.Workers() as workers:
+    with harness.Workers() as workers:
         pipe = Pipeline(workers, kv_pages=biggest // geo.page_bytes + 8, geo=geo, device=device)
         pairs = {}
         try:
@@ -387,56 +388,33 @@ def run(quick: bool, out: Path, readme: Path | None, device: str = "cpu",
     name = (
         "kv_transfer-gpu" if gpu else "kv_transfer-short" if short and not quick else "kv_transfer"
     )
-    try:
-        _plot(common.plot_path(out, name, quick), mibs, results)
-    except ImportError as exc:  # a bare GPU machine may lack matplotlib: numbers still count
-        data["notes"].append(f"no plot: {exc}")
-    short_mode = short and not quick and not gpu
-    common.write_result(out, name, data, quick, None if short_mode else readme, figures)
-    if short_mode and readme is not None:  # its README row says "short", not "full"
-        common.update_readme(readme, name, "short", data_date(out / f"{name}.json"), figures)
+    short_mode = short and not quick and not gpu  # its README row says "short", not "full"
+    common.finish(out, name, quick, readme, data, figures, lambda path: _plot(path, mibs, results),
+                  readme_mode="short" if short_mode else None)  # fmt: skip
     return data
 
 
-def data_date(path: Path) -> str:
-    return str(json.loads(path.read_text())["date"])[:10]
-
-
 def _plot(path: Path, mibs: list[int], results: dict[str, Any]) -> None:
-    plt = common.pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=90)
-    for name, by_size in results.items():
-        if name == "pdworker_e2e_client_latency":
-            continue
-        med = [by_size[str(m)]["median"] for m in mibs]
-        lo = [med[i] - by_size[str(m)]["min"] for i, m in enumerate(mibs)]
-        hi = [by_size[str(m)]["max"] - med[i] for i, m in enumerate(mibs)]
-        style = "--" if name.startswith("raw") else "-"
-        ax.errorbar(mibs, med, yerr=[lo, hi], label=name, linestyle=style, marker="o", capsize=3)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("KV bytes per room (MiB)")
-    ax.set_ylabel("GB/s (median, min-max)")
-    ax.set_title(f"KV transfer, {common.machine_note()}")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    with common.figure(path, figsize=(7, 4.2), dpi=90) as ax:
+        for name, by_size in results.items():
+            if name == "pdworker_e2e_client_latency":
+                continue
+            med = [by_size[str(m)]["median"] for m in mibs]
+            lo = [med[i] - by_size[str(m)]["min"] for i, m in enumerate(mibs)]
+            hi = [by_size[str(m)]["max"] - med[i] for i, m in enumerate(mibs)]
+            style = "--" if name.startswith("raw") else "-"
+            ax.errorbar(
+                mibs, med, yerr=[lo, hi], label=name, linestyle=style, marker="o", capsize=3
+            )
+        ax.set_xscale("log", base=2)
+        title = f"KV transfer, {common.machine_note()}"
+        common.label(ax, "KV bytes per room (MiB)", "GB/s (median, min-max)", title)
 
 
 def main(argv: list[str] | None = None) -> None:
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--device", default="cpu", help="cpu, or cuda[:N] for the GPU benchmark")
-    pre.add_argument("--short", action="store_true", help="CPU: 1-64 MiB, 3 reps, default UCX")
-    known, rest = pre.parse_known_args(argv)
-    args = common.parse_args(__doc__ or "", rest)
-    if known.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise SystemExit("--device cuda: no CUDA device here (torch.cuda.is_available())")
-    data = run(args.quick, args.out, args.readme, known.device, known.short)
-    print(json.dumps({k: data[k] for k in ("ratios", "recommended_ucx", "wall_seconds")}, indent=1))
+    show = ("ratios", "recommended_ucx", "wall_seconds")
+    common.main(__doc__ or "", run, argv, show=lambda d: {k: d[k] for k in show}, device=True,
+                short=True)  # fmt: skip
 
 
 if __name__ == "__main__":

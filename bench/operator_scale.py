@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import cProfile
 import io
-import json
 import pstats
 import resource
 import subprocess
@@ -30,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import common
+from bench import common, harness
 from bench._metrics_sim import pod_ip, role_of
 from pdwarden.api import RemediationSpec
 from pdwarden.detection import PodView, detect
@@ -61,7 +60,7 @@ class Cycle:
         self.errors = 0
 
     async def once(self) -> None:
-        results = await self.client.scrape(self.targets, common.TOKEN)
+        results = await self.client.scrape(self.targets, harness.TOKEN)
         keep = self.spec.wedge_after_seconds + 3 * self.spec.scrape_interval_seconds
         views, decodes = [], []
         for r in results:
@@ -117,7 +116,7 @@ async def measure(n: int, port: int, cycles: int, profile: bool) -> dict[str, An
 def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
     sizes = [50] if quick else [100, 500, 1000, 2000]
     cycles = 2 if quick else 4
-    port = common.free_port()
+    port = harness.free_port()
     started = time.monotonic()
     sim = subprocess.Popen(
         [sys.executable, "-m", "bench._metrics_sim", "--pods", str(max(sizes)), "--port",
@@ -161,36 +160,24 @@ def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
         for r in rows
         if r["pods"] in (key, max(at))
     )
-    _plot(common.plot_path(out, "operator_scale", quick), rows)
-    common.write_result(out, "operator_scale", data, quick, readme, figures)
+    common.finish(out, "operator_scale", quick, readme, data, figures, lambda p: _plot(p, rows))
     return data
 
 
 def _plot(path: Path, rows: list[dict[str, Any]]) -> None:
-    plt = common.pyplot()
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(8.5, 3.6), dpi=90)
-    pods = [r["pods"] for r in rows]
-    a1.plot(pods, [r["cpu_seconds_per_cycle"]["median"] for r in rows], "o-", label="CPU s")
-    a1.plot(pods, [r["wall_seconds_per_cycle"]["median"] for r in rows], "s--", label="wall s")
-    a1.axhline(INTERVAL, color="gray", lw=0.8, ls=":", label="5 s interval")
-    a1.set_xlabel("worker pods")
-    a1.set_ylabel("seconds per scrape cycle")
-    a1.legend(fontsize=7)
-    a2.plot(pods, [r["rss_mb_after"] for r in rows], "o-")
-    a2.set_xlabel("worker pods")
-    a2.set_ylabel("RSS (MB)")
-    for a in (a1, a2):
-        a.grid(alpha=0.3)
-    fig.suptitle(f"operator cost per cycle, {common.machine_note()}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    title = f"operator cost per cycle, {common.machine_note()}"
+    with common.figure(path, 1, 2, figsize=(8.5, 3.6), dpi=90, title=title) as (a1, a2):
+        pods = [r["pods"] for r in rows]
+        a1.plot(pods, [r["cpu_seconds_per_cycle"]["median"] for r in rows], "o-", label="CPU s")
+        a1.plot(pods, [r["wall_seconds_per_cycle"]["median"] for r in rows], "s--", label="wall s")
+        a1.axhline(INTERVAL, color="gray", lw=0.8, ls=":", label="5 s interval")
+        common.label(a1, "worker pods", "seconds per scrape cycle")
+        a2.plot(pods, [r["rss_mb_after"] for r in rows], "o-")
+        common.label(a2, "worker pods", "RSS (MB)", legend=False)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = common.parse_args(__doc__ or "", argv)
-    data = run(args.quick, args.out, args.readme)
-    print(json.dumps(data, indent=1)[:5000])
+    common.main(__doc__ or "", run, argv, limit=5000)
 
 
 if __name__ == "__main__":

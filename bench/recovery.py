@@ -34,9 +34,6 @@ stays 200); at best its waiting rooms fail after SGLANG_DISAGGREGATION_WAITING_T
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -45,7 +42,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import common
+from e2e.httpjson import http
+
+from bench import common, harness
 from bench._metrics_sim import SglangPlayer
 from pdwarden.api import LedgerEntry, RemediationSpec
 from pdwarden.detection import PodView, detect
@@ -91,7 +90,7 @@ class SimProc:
 
 @dataclass
 class Pod:
-    proc: common.Proc | SimProc
+    proc: harness.Proc | SimProc
     role: str
     generation: int = 0
     cordoned_since: datetime | None = None
@@ -107,7 +106,7 @@ class OperatorLoop:
 
     def __init__(
         self,
-        workers: common.Workers | None,
+        workers: harness.Workers | None,
         pods: list[Pod],
         spec: RemediationSpec,
         engine: str = "pdworker",
@@ -147,13 +146,13 @@ class OperatorLoop:
     async def cycle(self) -> None:
         spec = self.spec
         targets = {
-            p.uid: Target(pod=p.proc.name, uid=p.uid, role=p.role, ip=common.LOOPBACK,
+            p.uid: Target(pod=p.proc.name, uid=p.uid, role=p.role, ip=harness.LOOPBACK,
                           port=p.proc.port, engine=self.engine,
                           rooms=p.role == "prefill" and self.engine == "pdworker")
             for p in self.pods
         }  # fmt: skip
         results = {
-            r.target.uid: r for r in await self.client.scrape(list(targets.values()), common.TOKEN)
+            r.target.uid: r for r in await self.client.scrape(list(targets.values()), harness.TOKEN)
         }
         keep = spec.wedge_after_seconds + 3 * spec.scrape_interval_seconds
         views, decodes = [], []
@@ -185,14 +184,14 @@ class OperatorLoop:
             pod = by_name[action.pod]
             detail = ""
             if action.kind == "FailRooms":
-                failed = await self.client.fail_rooms(targets[pod.uid], action.rooms, common.TOKEN)
+                failed = await self.client.fail_rooms(targets[pod.uid], action.rooms, harness.TOKEN)
                 detail = f"failed {failed} of {len(action.rooms)}"
             elif action.kind == "CordonDecode":
                 pod.cordoned_since = now
             elif action.kind == "UncordonDecode":
                 pod.cordoned_since = None
             elif action.kind == "RestartDecode" and self.w is not None:
-                assert isinstance(pod.proc, common.Proc)
+                assert isinstance(pod.proc, harness.Proc)
                 pod.proc = await asyncio.to_thread(self.w.restart, pod.proc)
                 pod.generation += 1
                 pod.cordoned_since = None  # a new pod starts without the cordon condition
@@ -212,10 +211,10 @@ def _spec(settings: dict[str, Any]) -> RemediationSpec:
 
 def abort_race(settings: dict[str, Any], quick: bool) -> dict[str, Any]:
     spec = _spec(settings)
-    with common.Workers() as w:
+    with harness.Workers() as w:
         race = ["--fault", "legacy-status-race,no-inflight-watchdog", *SLOW_FORWARD]
-        prefill = w.worker("prefill", [*SMALL, *race])
-        decode = w.worker("decode", SMALL)
+        prefill = w.worker("prefill", *SMALL, *race)
+        decode = w.worker("decode", *SMALL)
         router = w.router([prefill], [decode])
         w.wait_ready(prefill, decode, router)
         loop = OperatorLoop(w, [Pod(prefill, "prefill"), Pod(decode, "decode")], spec).start()
@@ -245,7 +244,7 @@ def abort_race(settings: dict[str, Any], quick: bool) -> dict[str, Any]:
         try:
             while storms < (1 if quick else 8):  # storm until the race has wedged a room
                 storms += 1
-                common.load(router.url, w.tmp, *STORM, "--requests", "150" if quick else "600")
+                w.load(router, *STORM, "--requests", "150" if quick else "600")
                 time.sleep(1.2)
                 now = time.monotonic()
                 if any(now - t > 1.0 for r, t in entered.items() if r not in gone):
@@ -255,7 +254,7 @@ def abort_race(settings: dict[str, Any], quick: bool) -> dict[str, Any]:
             )
             clean_at = None
             try:
-                common.wait_for(lambda: w.clean(prefill) and w.clean(decode), budget, "clean")
+                harness.wait_for(lambda: w.clean(prefill) and w.clean(decode), budget, "clean")
                 clean_at = time.monotonic()
             except TimeoutError:
                 pass
@@ -280,22 +279,18 @@ def abort_race(settings: dict[str, Any], quick: bool) -> dict[str, Any]:
 
 def stalled_decode(settings: dict[str, Any], quick: bool) -> dict[str, Any]:
     spec = _spec(settings)
-    with common.Workers() as w:
-        prefill = w.worker("prefill", SMALL)
-        stall = w.worker("decode", [*SMALL, "--fault", "decode-stall"], name="decode-a")
-        other = w.worker("decode", SMALL, name="decode-b")
+    with harness.Workers() as w:
+        prefill = w.worker("prefill", *SMALL)
+        stall = w.worker("decode", *SMALL, "--fault", "decode-stall", name="decode-a")
+        other = w.worker("decode", *SMALL, name="decode-b")
         router = w.router([prefill], [stall, other])
         w.wait_ready(prefill, stall, other, router)
         pods = [Pod(prefill, "prefill"), Pod(stall, "decode"), Pod(other, "decode")]
         loop = OperatorLoop(w, pods, spec).start()
-        load = subprocess.Popen(
-            [sys.executable, "-m", "pdworker.cli", "load", "--url", router.url, "--clients", "4",
-             "--duration", "900", "--timeout", "600", "--prompt-len", "8:32",
-             "--output-len", "2:8", "--vocab", "1024"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+        load = w.load_background(router, "--clients", "4", "--duration", "900", "--timeout",
+                                 "600", "--prompt-len", "8:32", "--output-len", "2:8")  # fmt: skip
         try:
-            old = common.http("GET", f"{stall.url}/info", timeout=60)[1]["incarnation"]
+            old = http("GET", f"{stall.url}/info", timeout=60)[1]["incarnation"]
             time.sleep(2 if quick else 5)  # steady load first, so the window shows progress
             onset = time.monotonic()
             status, _ = w.admin(stall, "POST", "/admin/decode-stall")
@@ -306,21 +301,21 @@ def stalled_decode(settings: dict[str, Any], quick: bool) -> dict[str, Any]:
             def restarted() -> bool:
                 return pods[1].generation > 0
 
-            common.wait_for(restarted, budget, "RestartDecode", interval=0.1)
+            harness.wait_for(restarted, budget, "RestartDecode", interval=0.1)
 
             def drained() -> bool:
                 _, rooms = w.admin(prefill, "GET", "/admin/rooms")
                 peers = {(r.get("peer") or {}).get("incarnation") for r in rooms}
                 return old not in peers
 
-            common.wait_for(drained, 60, "rooms on the stalled decode gone", interval=0.1)
+            harness.wait_for(drained, 60, "rooms on the stalled decode gone", interval=0.1)
             drained_at = time.monotonic()
 
             def whole() -> bool:
                 p = pods[1].proc
-                return common.http("GET", f"{p.url}/readyz", timeout=2)[0] == 200
+                return http("GET", f"{p.url}/readyz", timeout=2)[0] == 200
 
-            common.wait_for(whole, 120, "restarted decode ready", interval=0.1)
+            harness.wait_for(whole, 120, "restarted decode ready", interval=0.1)
             whole_at = time.monotonic()
         finally:
             load.kill()
@@ -336,9 +331,9 @@ def stalled_decode(settings: dict[str, Any], quick: bool) -> dict[str, Any]:
 def long_prefill(settings: dict[str, Any]) -> dict[str, Any]:
     spec = _spec(settings)
     slow = ["--prefill-chunk-ms", "100", "--chunk-pages", "1"]
-    with common.Workers() as w:
-        prefill = w.worker("prefill", [*SMALL, *slow])
-        decodes = [w.worker("decode", SMALL, name=f"decode-{i}") for i in range(2)]
+    with harness.Workers() as w:
+        prefill = w.worker("prefill", *SMALL, *slow)
+        decodes = [w.worker("decode", *SMALL, name=f"decode-{i}") for i in range(2)]
         router = w.router([prefill], decodes)
         w.wait_ready(prefill, *decodes, router)
         loop = OperatorLoop(
@@ -346,7 +341,7 @@ def long_prefill(settings: dict[str, Any]) -> dict[str, Any]:
         ).start()
         t0 = time.monotonic()
         try:
-            status, answer = common.http(
+            status, answer = http(
                 "POST", f"{router.url}/generate",
                 {"input_ids": list(range(1, 4 * 60)), "max_new_tokens": 2}, timeout=120,
             )  # fmt: skip
@@ -441,8 +436,7 @@ def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
         "wall_seconds": round(time.monotonic() - started, 1),
     }
     figures = summarize(data)
-    _plot(common.plot_path(out, "recovery", quick), scenarios)
-    common.write_result(out, "recovery", data, quick, readme, figures)
+    common.finish(out, "recovery", quick, readme, data, figures, lambda p: _plot(p, scenarios))
     return data
 
 
@@ -473,31 +467,25 @@ def summarize(data: dict[str, Any]) -> str:
 
 
 def _plot(path: Path, scenarios: dict[str, Any]) -> None:
-    plt = common.pyplot()
-    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=90)
-    labels, values = [], []
-    for label, sc in scenarios.items():
-        labels += [f"abort race\n{label}", f"stalled decode\n{label}"]
-        values += [sc["abort_race"]["room_recovery_seconds"]["max"],
-                   sc["stalled_decode"]["onset_to_pool_whole_seconds"]]  # fmt: skip
-    labels += ["stalled decode\nSGLang timeouts\n(computed)"]
-    values += [300.0]
-    colors = ["tab:blue"] * (len(values) - 1) + ["tab:gray"]
-    ax.bar(labels, values, color=colors)
-    for i, v in enumerate(values):
-        ax.text(i, v, f"{v:.0f} s", ha="center", va="bottom", fontsize=8)
-    ax.set_ylabel("seconds to recovery")
-    ax.set_title("time to recovery (abort race without pdwarden: never)", fontsize=9)
-    ax.tick_params(axis="x", labelsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    with common.figure(path, figsize=(7, 3.6), dpi=90) as ax:
+        labels, values = [], []
+        for label, sc in scenarios.items():
+            labels += [f"abort race\n{label}", f"stalled decode\n{label}"]
+            values += [sc["abort_race"]["room_recovery_seconds"]["max"],
+                       sc["stalled_decode"]["onset_to_pool_whole_seconds"]]  # fmt: skip
+        labels += ["stalled decode\nSGLang timeouts\n(computed)"]
+        values += [300.0]
+        colors = ["tab:blue"] * (len(values) - 1) + ["tab:gray"]
+        ax.bar(labels, values, color=colors)
+        for i, v in enumerate(values):
+            ax.text(i, v, f"{v:.0f} s", ha="center", va="bottom", fontsize=8)
+        ax.set_ylabel("seconds to recovery")
+        ax.set_title("time to recovery (abort race without pdwarden: never)", fontsize=9)
+        ax.tick_params(axis="x", labelsize=7)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = common.parse_args(__doc__ or "", argv)
-    data = run(args.quick, args.out, args.readme)
-    print(json.dumps(data["scenarios"], indent=1, default=str)[:4000])
+    common.main(__doc__ or "", run, argv, show=lambda data: data["scenarios"], limit=4000)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,11 @@ handshake, queueing, decode steps): measured what exists, and says so.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
-from bench import common
+from bench import common, harness
 
 KV = {"small": 64, "large": 2048}  # prompt tokens; 2 KiB of KV per token with these flags
 FLAGS = [
@@ -31,8 +30,8 @@ HIST = "pdworker_kv_transfer_seconds"
 
 
 def _hist(url: str) -> tuple[float, float]:
-    s = common.scrape(url)
-    return common.metric(s, f"{HIST}_sum"), common.metric(s, f"{HIST}_count")
+    s = harness.scrape(url)
+    return harness.metric(s, f"{HIST}_sum"), harness.metric(s, f"{HIST}_count")
 
 
 def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
@@ -40,21 +39,21 @@ def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
     rounds = 1 if quick else 3
     started = time.monotonic()
     runs: dict[str, list[dict[str, Any]]] = {}
-    with common.Workers() as w:
-        prefill = w.worker("prefill", FLAGS)
-        decode = w.worker("decode", FLAGS)
+    with harness.Workers() as w:
+        prefill = w.worker("prefill", *FLAGS)
+        decode = w.worker("decode", *FLAGS)
         router = w.router([prefill], [decode])
         w.wait_ready(prefill, decode, router)
         warm = ["--clients", "2", "--requests", "6", "--output-len", "2", "--vocab", "1024"]
-        common.load(router.url, w.tmp, *warm, "--prompt-len", str(KV["large"]))
+        w.load(router, *warm, "--prompt-len", str(KV["large"]))
         for rnd in range(rounds):
             configs = [(kv, c) for kv in KV for c in concurrency]
             k = rnd % len(configs)
             for kv, clients in configs[k:] + configs[:k]:
                 n = (8 if quick else max(40, 10 * clients)) if clients > 1 else (6 if quick else 40)
                 before = [_hist(p.url) for p in (prefill, decode)]
-                summary = common.load(
-                    router.url, w.tmp, "--clients", str(clients), "--requests", str(n),
+                summary = w.load(
+                    router, "--clients", str(clients), "--requests", str(n),
                     "--prompt-len", str(KV[kv]), "--output-len", "8", "--vocab", "1024",
                     "--seed", str(rnd),
                 )  # fmt: skip
@@ -115,36 +114,29 @@ def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
             f"p99 {r['p99_s']['median'] * 1000:.0f} ms"
         )
     figures = "; ".join(parts)
-    _plot(common.plot_path(out, "request_path", quick), concurrency, table)
-    common.write_result(out, "request_path", data, quick, readme, figures)
+    common.finish(out, "request_path", quick, readme, data, figures,
+                  lambda path: _plot(path, concurrency, table))  # fmt: skip
     return data
 
 
 def _plot(path: Path, concurrency: list[int], table: dict[str, Any]) -> None:
-    plt = common.pyplot()
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.8), dpi=90)
-    for kv in KV:
-        rows = [table[f"{kv}/c{c}"] for c in concurrency]
-        a1.plot(concurrency, [r["requests_per_s"]["median"] for r in rows], "o-", label=kv)
-        a2.plot(concurrency, [r["p50_s"]["median"] * 1000 for r in rows], "o-", label=f"{kv} p50")
-        a2.plot(concurrency, [r["p99_s"]["median"] * 1000 for r in rows], "s--", label=f"{kv} p99")
-    a1.set_xlabel("concurrent clients")
-    a1.set_ylabel("requests/s (median of rounds)")
-    a2.set_xlabel("concurrent clients")
-    a2.set_ylabel("latency (ms)")
-    for a in (a1, a2):
-        a.legend(fontsize=7)
-        a.grid(alpha=0.3)
-    fig.suptitle(f"request path router->prefill->decode, {common.machine_note()}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    title = f"request path router->prefill->decode, {common.machine_note()}"
+    with common.figure(path, 1, 2, figsize=(9, 3.8), dpi=90, title=title) as (a1, a2):
+        for kv in KV:
+            rows = [table[f"{kv}/c{c}"] for c in concurrency]
+            a1.plot(concurrency, [r["requests_per_s"]["median"] for r in rows], "o-", label=kv)
+            a2.plot(
+                concurrency, [r["p50_s"]["median"] * 1000 for r in rows], "o-", label=f"{kv} p50"
+            )
+            a2.plot(
+                concurrency, [r["p99_s"]["median"] * 1000 for r in rows], "s--", label=f"{kv} p99"
+            )
+        common.label(a1, "concurrent clients", "requests/s (median of rounds)")
+        common.label(a2, "concurrent clients", "latency (ms)")
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = common.parse_args(__doc__ or "", argv)
-    data = run(args.quick, args.out, args.readme)
-    print(json.dumps(data["results"], indent=1)[:3000])
+    common.main(__doc__ or "", run, argv, show=lambda data: data["results"], limit=3000)
 
 
 if __name__ == "__main__":

@@ -9,14 +9,15 @@ import threading
 from typing import Any
 
 import pytest
-from pdharness import PD, TOKEN, http, metric, scrape, wait_clean, wait_for
+from bench.harness import TOKEN, Workers, metric, scrape, wait_clean, wait_for
+from e2e.httpjson import http
 
 from pdworker import contract as c
 
 pytestmark = pytest.mark.nixl
 
 
-def test_admin_needs_a_configured_token(pd: PD) -> None:
+def test_admin_needs_a_configured_token(pd: Workers) -> None:
     bare = pd.worker("prefill", token=False)
     for method, path in (("GET", c.ADMIN_ROOMS_PATH), ("POST", c.ADMIN_ROOMS_FAIL_PATH)):
         status, body = http(method, f"{bare.url}{path}", {"rooms": [1]}, token=TOKEN)
@@ -25,7 +26,7 @@ def test_admin_needs_a_configured_token(pd: PD) -> None:
     assert http("GET", f"{bare.url}/metrics")[0] == 200
 
 
-def test_admin_auth_and_bad_bodies(pd: PD) -> None:
+def test_admin_auth_and_bad_bodies(pd: Workers) -> None:
     prefill, decode, _ = pd.trio()
     for proc in (prefill, decode):
         url = f"{proc.url}{c.ADMIN_ROOMS_PATH}"
@@ -74,7 +75,7 @@ def _slow_request(router_url: str, results: list) -> threading.Thread:
 
 
 @pytest.mark.parametrize("side", ["prefill", "decode"])
-def test_failing_a_room_is_idempotent_and_frees_both_sides(pd: PD, side: str) -> None:
+def test_failing_a_room_is_idempotent_and_frees_both_sides(pd: Workers, side: str) -> None:
     # 300 ms per one-page chunk: the room lives on both sides for seconds.
     prefill, decode, router = pd.trio("--prefill-chunk-ms", "300", "--chunk-pages", "1")
     target = prefill if side == "prefill" else decode
@@ -104,7 +105,7 @@ def test_failing_a_room_is_idempotent_and_frees_both_sides(pd: PD, side: str) ->
     assert metric(scrape(target.url), "pdworker_requests_failed_total", reason="admin") == 1
 
 
-def test_decode_stall_wedges_decode_while_health_stays_green(pd: PD) -> None:
+def test_decode_stall_wedges_decode_while_health_stays_green(pd: Workers) -> None:
     prefill, decode, router = pd.trio(decode_extra=("--fault", "decode-stall"))
     assert http("POST", f"{router.url}/generate", {"input_ids": [1, 2, 3]})[0] == 200
     assert pd.admin(prefill, "POST", c.ADMIN_DECODE_STALL_PATH)[0] == 404  # decode-only
@@ -133,7 +134,7 @@ def test_decode_stall_wedges_decode_while_health_stays_green(pd: PD) -> None:
     assert len(results) == 3 and all(code != 200 for code, _ in results), results
 
 
-def test_dropped_notifications_end_in_waiting_timeout_not_a_hang(pd: PD) -> None:
+def test_dropped_notifications_end_in_waiting_timeout_not_a_hang(pd: Workers) -> None:
     prefill, decode, router = pd.trio(
         decode_extra=("--fault", "drop-notifications=1", "--waiting-timeout", "1")
     )

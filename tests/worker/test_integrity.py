@@ -8,7 +8,8 @@ import time
 
 import pytest
 import torch
-from pdharness import PD, SMALL, http, metric, scrape, wait_clean
+from bench.harness import SMALL, Workers, metric, scrape, wait_clean
+from e2e.httpjson import http
 
 from pdworker import integrity
 from pdworker.model import KVPool, ModelConfig, TinyModel, pick_device
@@ -45,7 +46,7 @@ def expected(ids: list[int], max_new: int, checksum: str) -> tuple[str, list[int
     return integrity.checksum(pool.tensor, pages, spec), tokens
 
 
-def test_200_requests_checksums_and_metrics_agree(pd: PD) -> None:
+def test_200_requests_checksums_and_metrics_agree(pd: Workers) -> None:
     prefill, decode, router = pd.trio("--kv-verify", "full")
 
     # A few requests whose KV we recompute here: the bytes decode received are the model's.
@@ -91,7 +92,7 @@ def test_200_requests_checksums_and_metrics_agree(pd: PD) -> None:
     assert len(incarnations) == 1 and dict(incarnations[0][1])["incarnation"].startswith("prefill-")
 
 
-def test_a_flipped_byte_in_a_landed_page_is_caught_with_the_default_verify(pd: PD) -> None:
+def test_a_flipped_byte_in_a_landed_page_is_caught_with_the_default_verify(pd: Workers) -> None:
     # corrupt-kv=1: decode flips one random bit of one random byte of a landed page in every
     # room, before checking. With the default `--kv-verify sample` a one-page room is checked
     # whole, so every such room must fail, be counted, and nothing may leak.
@@ -113,7 +114,7 @@ def test_a_flipped_byte_in_a_landed_page_is_caught_with_the_default_verify(pd: P
     assert metric(scrape(decode2.url), "pdworker_kv_checksum_mismatch_total") == 0
 
 
-def test_bad_generate_bodies_are_4xx_with_a_reason(pd: PD) -> None:
+def test_bad_generate_bodies_are_4xx_with_a_reason(pd: Workers) -> None:
     prefill, decode, router = pd.trio()
     for url in (router.url, decode.url, prefill.url):
         for body in ({"input_ids": []}, {"input_ids": "abc"}, {"input_ids": [1, -2]}, [1, 2]):
@@ -124,7 +125,7 @@ def test_bad_generate_bodies_are_4xx_with_a_reason(pd: PD) -> None:
         assert status == 400 and "JSON" in answer["error"]
 
 
-def test_sigterm_stops_every_process_cleanly(pd: PD) -> None:
+def test_sigterm_stops_every_process_cleanly(pd: Workers) -> None:
     prefill, decode, router = pd.trio()
     assert http("POST", f"{router.url}/generate", {"input_ids": [1, 2, 3]})[0] == 200
     for proc in (router, decode, prefill):

@@ -8,13 +8,13 @@ import signal
 import time
 
 import pytest
-from pdharness import PD, metric, scrape, wait_clean, wait_for
+from bench.harness import Workers, metric, scrape, wait_clean, wait_for
 
 pytestmark = pytest.mark.nixl
 PEER_TIMEOUT = 3.0  # conftest SMALL: --peer-timeout 3, heartbeats every 0.5 s
 
 
-def test_kill_decode_mid_transfer_then_restart(pd: PD) -> None:
+def test_kill_decode_mid_transfer_then_restart(pd: Workers) -> None:
     # A slow forward (50 ms per page) keeps rooms bound to decode for about a second each.
     prefill, decode, router = pd.trio(
         "--prefill-chunk-ms", "50", "--chunk-pages", "1", "--bootstrap-timeout", "5"

@@ -10,11 +10,12 @@ from __future__ import annotations
 import time
 
 import pytest
-from pdharness import PD, metric, queues_idle, scrape, wait_clean, wait_for
+from bench.harness import Workers, metric, queues_idle, scrape, wait_clean, wait_for
+
+from pdworker.contract import FAILURE_REASONS
 
 pytestmark = [pytest.mark.nixl, pytest.mark.slow]
-REASONS = ("aborted", "bootstrap_timeout", "waiting_timeout", "inflight_timeout",
-           "transfer_error", "peer_lost", "admin")  # fmt: skip
+REASONS = FAILURE_REASONS
 STORM = ["--clients", "30", "--cancel-fraction", "0.3", "--prompt-len", "4:64",
          "--output-len", "1:8", "--seed", "7"]  # fmt: skip
 # A slower forward (chunks of one page, 3 ms each) so cancellations land mid-prefill too.
@@ -27,13 +28,13 @@ def failures(url: str) -> dict[str, float]:
     return {r: metric(s, "pdworker_requests_failed_total", reason=r) for r in REASONS}
 
 
-def assert_clean(pd: PD, *procs) -> None:
+def assert_clean(pd: Workers, *procs) -> None:
     for proc in procs:
         wait_clean(pd, proc, timeout=40)
         assert metric(scrape(proc.url), "pdworker_kv_checksum_mismatch_total") == 0
 
 
-def test_abort_storm_leaves_nothing_behind(pd: PD) -> None:
+def test_abort_storm_leaves_nothing_behind(pd: Workers) -> None:
     # Generous deadlines: this test is about aborts, and a starved CI box must not turn slow
     # transfers into timeouts.
     prefill, decode, router = pd.trio("--chunk-pages", "1", *PATIENT, decode_extra=PATIENT)
@@ -50,7 +51,7 @@ def test_abort_storm_leaves_nothing_behind(pd: PD) -> None:
     assert metric(d, "pdworker_requests_completed_total", role="decode") >= summary["completed"]
 
 
-def test_legacy_status_race_without_watchdog_wedges_prefill(pd: PD) -> None:
+def test_legacy_status_race_without_watchdog_wedges_prefill(pd: Workers) -> None:
     prefill, decode, router = pd.trio(
         *SLOW_FORWARD,
         *PATIENT,
@@ -88,7 +89,7 @@ def test_legacy_status_race_without_watchdog_wedges_prefill(pd: PD) -> None:
     assert_clean(pd, prefill, decode)
 
 
-def test_legacy_status_race_with_watchdog_recovers(pd: PD) -> None:
+def test_legacy_status_race_with_watchdog_recovers(pd: Workers) -> None:
     inflight_timeout = 3.0
     prefill, decode, router = pd.trio(
         *SLOW_FORWARD, "--fault", "legacy-status-race", "--inflight-timeout", str(inflight_timeout)

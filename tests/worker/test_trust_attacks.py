@@ -19,8 +19,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from bench.harness import (
+    BOOTSTRAP_TOKEN,
+    Proc,
+    Workers,
+    free_port,
+    metric,
+    scrape,
+    wait_clean,
+    wait_for,
+)
 from e2e.httpjson import http
-from pdharness import BOOTSTRAP_TOKEN, PD, Proc, free_port, metric, scrape, wait_clean, wait_for
 
 pytestmark = pytest.mark.nixl
 VICTIM_IP = "127.0.0.3"
@@ -53,7 +62,7 @@ def call(
         return resp.status, {"raw": raw[:200].decode(errors="replace")}
 
 
-def decode_on(pd: PD, ip: str, *extra: str) -> Proc:
+def decode_on(pd: Workers, ip: str, *extra: str) -> Proc:
     proc = pd.worker("decode", "--host", ip, *extra, wait=False)
     proc.url = f"http://{ip}:{proc.port}"
     pd.wait_ready(proc)
@@ -88,7 +97,7 @@ def failed(samples: dict, reason: str) -> float:
     return metric(samples, "pdworker_requests_failed_total", reason=reason)
 
 
-def test_bootstrap_attacks_are_refused_and_serving_loses_nothing(pd: PD) -> None:
+def test_bootstrap_attacks_are_refused_and_serving_loses_nothing(pd: Workers) -> None:
     # A slow forward keeps rooms open long enough to attack them.
     prefill = pd.worker("prefill", "--prefill-chunk-ms", "150", "--chunk-pages", "1")
     decode = decode_on(pd, VICTIM_IP)
@@ -207,14 +216,14 @@ class Recorder:
 
 
 @pytest.fixture
-def prefill_and_decode(pd: PD) -> Iterator[tuple[Proc, Proc]]:
+def prefill_and_decode(pd: Workers) -> Iterator[tuple[Proc, Proc]]:
     prefill = pd.worker("prefill", wait=False)
     decode = decode_on(pd, VICTIM_IP)
     pd.wait_ready(prefill)
     yield prefill, decode
 
 
-def test_decode_generate_is_no_ssrf(pd: PD, prefill_and_decode: tuple[Proc, Proc]) -> None:
+def test_decode_generate_is_no_ssrf(pd: Workers, prefill_and_decode: tuple[Proc, Proc]) -> None:
     prefill, decode = prefill_and_decode
     assert prefill.bootstrap_port is not None
     relay = Recorder(prefill.bootstrap_port)
@@ -241,7 +250,7 @@ def test_decode_generate_is_no_ssrf(pd: PD, prefill_and_decode: tuple[Proc, Proc
     wait_clean(pd, decode)
 
 
-def test_prefill_allow_and_missing_key_are_clear_refusals(pd: PD) -> None:
+def test_prefill_allow_and_missing_key_are_clear_refusals(pd: Workers) -> None:
     prefill = pd.worker("prefill")
     assert prefill.bootstrap_port is not None
     fenced = pd.worker("decode", "--prefill-allow", "127.0.0.1:1,10.0.0.0/8")
