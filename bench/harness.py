@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -67,8 +68,38 @@ class ProcessFailed(AssertionError, RuntimeError):
     """A worker exited while awaited, or `pdworker load` failed (the output's tail is said)."""
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = LOOPBACK) -> int:
-    with socket.socket() as s:
+    """A port free now that a worker will bind a moment later.
+
+    Taken below the kernel's ephemeral range: outgoing connections (HTTP clients, UCX) take
+    their source ports from that range, so a port picked there by binding port 0 can be taken
+    by someone else's connection before the worker binds it (seen as EADDRINUSE in full runs).
+    Never the same port twice in one process.
+    """
+    low, high = 20000, _ephemeral_low() - 1
+    rng = random.Random()
+    for _ in range(500 if high > low else 0):
+        port = rng.randint(low, high)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    with socket.socket() as s:  # no room below the ephemeral range: let the kernel choose
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
