@@ -77,8 +77,32 @@ def wait_ready(
         current = st.get("observedGeneration") == obj.get("metadata", {}).get("generation")
         return current and st.get("phase") == "Ready" and got == counts and st
 
-    result: dict[str, Any] = cluster.wait_until(f"{name} Ready with {counts}", ready, timeout)
+    try:
+        result: dict[str, Any] = cluster.wait_until(f"{name} Ready with {counts}", ready, timeout)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{why_not_ready(cluster, ns, name)}") from None
     return result
+
+
+def why_not_ready(cluster: Cluster, ns: str, name: str = "pd") -> str:
+    """What the API server shows when a deployment is not Ready: its status (was it written at
+    all, for which generation) and each pod's phase and conditions (probe or serving gate)."""
+    obj = get_json(cluster, ns, "pdd", name) or {}
+    st = obj.get("status") or {}
+    lines = [
+        f"generation {obj.get('metadata', {}).get('generation')}, status observedGeneration "
+        f"{st.get('observedGeneration')}, phase {st.get('phase')}",
+        *(f"  {c.get('type')}={c.get('status')} {c.get('reason')}: {str(c.get('message'))[:200]}"
+          for c in st.get("conditions") or []),
+    ]  # fmt: skip
+    items = (get_json(cluster, ns, "pods", "-l", f"pdwarden.dev/deployment={name}") or {}).get(
+        "items"
+    ) or []
+    for pod in items:
+        pst = pod.get("status") or {}
+        conds = ", ".join(f"{c.get('type')}={c.get('status')}" for c in pst.get("conditions") or [])
+        lines.append(f"pod {pod['metadata']['name']}: {pst.get('phase')} [{conds}]")
+    return "\n".join(lines)
 
 
 def pods(cluster: Cluster, ns: str, role: str, name: str = "pd") -> list[dict[str, Any]]:
