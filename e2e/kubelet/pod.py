@@ -79,6 +79,16 @@ class PodWorker:
         return c
 
     def update(self, pod: dict[str, Any]) -> None:
+        if self.pod_ip:
+            # The pod IP is the kubelet's own field. A watch event can carry an object written
+            # before our first status report (the operator sets a decode pod's serving condition
+            # at once): keep the IP, or a container started now gets POD_IP="" and binds
+            # 127.0.0.1 while its probes go to the pod IP (seen as decode pods never Ready).
+            st = pod.setdefault("status", {})
+            if not st.get("podIP"):
+                st["podIP"] = self.pod_ip
+                st["podIPs"] = [{"ip": self.pod_ip}]
+                st.setdefault("hostIP", self.ctx.host_ip)
         self.pod = pod
         self.volumes.pod = pod
         self.changed.set()
