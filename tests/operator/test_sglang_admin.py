@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from bench.harness import wait_for
 
 from pdwarden.remediate import Remediator
 from pdwarden.remediation import Action
@@ -67,15 +68,13 @@ def sim() -> Iterator[str]:
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(url + "/ready", timeout=1)
-                break
-            except OSError:
-                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-                assert time.monotonic() < deadline, "simulator did not become ready"
-                time.sleep(0.1)
+
+        def ready() -> bool:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            with urllib.request.urlopen(url + "/ready", timeout=1) as resp:
+                return bool(resp.status == 200)
+
+        wait_for(ready, 30, "the simulator's /ready")
         yield url
     finally:
         proc.terminate()
