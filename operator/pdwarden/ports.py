@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from pdwarden.policy_actions import EvictionOutcome, LabelPatch
-from pdwarden.scraping import ScrapeResult, Target
+from pdwarden.remediation.act.foreign import EvictionOutcome, LabelPatch
+from pdwarden.remediation.scrape.client import ScrapeResult, Target
 
 Obj = dict[str, Any]
 

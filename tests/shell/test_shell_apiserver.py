@@ -19,7 +19,7 @@ from kubernetes import config as k8s_config
 from pdwarden.api import LedgerEntry, PDDeploymentStatus, RemediationStatus, status_to_wire
 from pdwarden.constants import API_VERSION, KIND
 from pdwarden.k8s import ApiError, KubeClient
-from pdwarden.status_store import Known, read, write
+from pdwarden.remediation.record.store import Known, read, write
 
 pytestmark = pytest.mark.cluster
 ROUNDS = 6

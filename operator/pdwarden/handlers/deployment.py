@@ -24,12 +24,12 @@ from pdwarden.api import InvalidSpec, PDDeploymentSpec, parse_spec
 from pdwarden.constants import ANNOTATION_RESET_BREAKER, API_VERSION, KIND
 from pdwarden.k8s import ApiError
 from pdwarden.ports import KubeApi, WorkerApi
-from pdwarden.reconcile import PassResult, TransientError, reconcile
-from pdwarden.remediate import Remediator
-from pdwarden.scraping import WorkerClient
-from pdwarden.status_store import StatusCache, write
+from pdwarden.reconciling.reconcile import PassResult, TransientError, reconcile
+from pdwarden.remediation.cycle import Remediator
+from pdwarden.remediation.record.store import StatusCache, write
+from pdwarden.remediation.scrape.client import WorkerClient
 
-log = logging.getLogger("pdwarden.handlers")
+log = logging.getLogger("pdwarden.handlers.deployment")
 RETRY_DELAY = 5.0
 IDLE_INTERVAL = 5.0
 

@@ -21,12 +21,12 @@ from pdwarden import metrics
 from pdwarden.api import parse_policy_spec
 from pdwarden.constants import ANNOTATION_RESET_BREAKER, API_VERSION, POLICY_KIND
 from pdwarden.k8s import ApiError
-from pdwarden.policy_status_store import PolicyStatusCache, write
 from pdwarden.ports import ForeignPodApi, KubeApi, WorkerApi
-from pdwarden.remediate_policy import PolicyRemediator, effective_policy_spec
-from pdwarden.sglang_admin import PrefillAborter
+from pdwarden.remediation.act.sglang import PrefillAborter
+from pdwarden.remediation.policy_cycle import PolicyRemediator, effective_policy_spec
+from pdwarden.remediation.record.policy_store import PolicyStatusCache, write
 
-log = logging.getLogger("pdwarden.policy_handlers")
+log = logging.getLogger("pdwarden.handlers.policy")
 IDLE_INTERVAL = 5.0
 
 

@@ -22,11 +22,11 @@ from pdwarden.api import InvalidSpec, PDDeploymentSpec, parse_spec, status_to_wi
 from pdwarden.constants import FIELD_MANAGER, LABEL_ROLE, ROLE_DECODE, ROLE_PREFILL, ROLE_ROUTER
 from pdwarden.k8s import ApiError
 from pdwarden.k8s.events import post_event
-from pdwarden.observe import Observed, compute_status
 from pdwarden.ownership import Workloads, owned_by, owned_chain
 from pdwarden.ownership import selector as _selector
 from pdwarden.ports import KubeApi
-from pdwarden.reconcile_plan import (
+from pdwarden.reconciling.observe import Observed, compute_status
+from pdwarden.reconciling.plan import (
     apply_everything,
     degraded,
     invalid_status,
@@ -34,12 +34,12 @@ from pdwarden.reconcile_plan import (
     serving_condition,
     to_apply,
 )
+from pdwarden.remediation.record.store import Known, known_from_body, write
 from pdwarden.render import Owner, names, render_deployment
 from pdwarden.render.deployment import admin_secret, bootstrap_secret
-from pdwarden.status_store import Known, known_from_body, write
 from pdwarden.tokens import derive_bootstrap_token, derive_token
 
-log = logging.getLogger("pdwarden.reconcile")
+log = logging.getLogger("pdwarden.reconciling.reconcile")
 Obj = dict[str, Any]
 
 

@@ -15,18 +15,25 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pdwarden import metrics, sanitize
+from pdwarden import metrics
 from pdwarden.api import LedgerEntry
 from pdwarden.api.status import MAX_MESSAGE
-from pdwarden.detection import Detection
 from pdwarden.k8s.events import post_event
-from pdwarden.ledger import ledger_entry
-from pdwarden.pod_views import DeploymentMemory, Observation, WorkerPod, new_findings, observation
 from pdwarden.ports import KubeApi, WorkerApi
-from pdwarden.remediation import Action, Plan
-from pdwarden.scraping import Target
+from pdwarden.remediation.detect.rules import Detection
+from pdwarden.remediation.policy.plan import Action, Plan
+from pdwarden.remediation.record.ledger import ledger_entry
+from pdwarden.remediation.scrape import sanitize
+from pdwarden.remediation.scrape.client import Target
+from pdwarden.remediation.views import (
+    DeploymentMemory,
+    Observation,
+    WorkerPod,
+    new_findings,
+    observation,
+)
 
-log = logging.getLogger("pdwarden.remediate")
+log = logging.getLogger("pdwarden.remediation.cycle")
 PENDING = "in progress"
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pdwarden.constants import ROLE_DECODE, ROLE_PREFILL
-from pdwarden.samples import RoomView, Sample
+from pdwarden.remediation.scrape.samples import RoomView, Sample
 
 Reason = Literal["InflightStuck", "PeerIncarnationGone", "InflightGaugeStuck", "DecodeStalled"]
 INFLIGHT_PHASE = "inflight"

@@ -13,7 +13,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final, Literal
 
-from pdwarden import sanitize
 from pdwarden.api import (
     CordonRecord,
     LedgerEntry,
@@ -33,8 +32,9 @@ from pdwarden.api.status import (
 )
 from pdwarden.conditions import phase_of, set_condition
 from pdwarden.constants import ANNOTATION_RESET_BREAKER
-from pdwarden.detection import Detection, Finding
-from pdwarden.remediation import Action, DecodePod, Plan, breaker
+from pdwarden.remediation.detect.rules import Detection, Finding
+from pdwarden.remediation.policy.plan import Action, DecodePod, Plan, breaker
+from pdwarden.remediation.scrape import sanitize
 
 Outcome = Literal["Succeeded", "Failed", "Skipped"]
 SUSPENDED: Final = "RemediationSuspended"

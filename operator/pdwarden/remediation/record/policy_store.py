@@ -19,8 +19,8 @@ from pdwarden import metrics
 from pdwarden.api import PDRemediationPolicyStatus, RemediationStatus, parse_policy_status, to_wire
 from pdwarden.constants import API_VERSION, POLICY_KIND
 from pdwarden.k8s import ApiError
-from pdwarden.ledger import merge_history, missing_from
 from pdwarden.ports import KubeApi
+from pdwarden.remediation.record.ledger import merge_history, missing_from
 
 log = logging.getLogger("pdwarden.status")
 MAX_ATTEMPTS: Final = 4

@@ -23,8 +23,8 @@ from pdwarden import metrics
 from pdwarden.api import PDDeploymentStatus, parse_status, status_to_wire
 from pdwarden.constants import API_VERSION, KIND
 from pdwarden.k8s import ApiError
-from pdwarden.ledger import rebase
 from pdwarden.ports import KubeApi
+from pdwarden.remediation.record.ledger import rebase
 
 log = logging.getLogger("pdwarden.status")
 MAX_ATTEMPTS: Final = 4

@@ -19,7 +19,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from pdwarden import engine_metrics
+from pdwarden.remediation.scrape import engines as engine_metrics
 from pdworker import contract as pdw
 
 QUEUE_FIELDS: Final = ("bootstrap_queue", "inflight_queue", "prealloc_queue", "transfer_queue")
