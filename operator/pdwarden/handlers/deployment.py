@@ -20,13 +20,13 @@ from typing import Any
 import kopf
 
 from pdwarden import metrics
-from pdwarden.api import InvalidSpec, PDDeploymentSpec, parse_spec
+from pdwarden.api import InvalidSpec, PDDeploymentSpec, PDDeploymentStatus, parse_spec
 from pdwarden.constants import ANNOTATION_RESET_BREAKER, API_VERSION, KIND
 from pdwarden.k8s import ApiError
 from pdwarden.ports import KubeApi, WorkerApi
 from pdwarden.reconciling.reconcile import PassResult, TransientError, reconcile
 from pdwarden.remediation.cycle import Remediator
-from pdwarden.remediation.record.store import StatusCache, write
+from pdwarden.remediation.record.store import DEPLOYMENT, StatusCache, write
 from pdwarden.remediation.scrape.client import WorkerClient
 
 log = logging.getLogger("pdwarden.handlers.deployment")
@@ -44,7 +44,7 @@ class OperatorState:
     workers: WorkerApi = field(default_factory=WorkerClient)
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     known: set[str] = field(default_factory=set)
-    statuses: StatusCache = field(init=False)
+    statuses: StatusCache[PDDeploymentStatus] = field(init=False)
     remediator: Remediator = field(init=False)
     # Finished cycles and passes per object UID (also exported as metrics): progress that a
     # test can wait for before asserting that nothing happened.
@@ -52,7 +52,7 @@ class OperatorState:
     passes: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
-        self.statuses = StatusCache(self.client)
+        self.statuses = StatusCache(DEPLOYMENT, self.client)
         self.remediator = Remediator(self.client, self.workers, self.token_key)
 
     def lock_for(self, uid: str) -> asyncio.Lock:
@@ -148,7 +148,9 @@ async def _cycle(state: OperatorState, body: Mapping[str, Any], spec: PDDeployme
     previous = await state.statuses.current(body)
     result = await state.remediator.cycle(body, spec, previous.status)
     try:
-        known = await write(state.client, namespace, name, base=previous, new=result.status)
+        known = await write(
+            DEPLOYMENT, state.client, namespace, name, base=previous, new=result.status
+        )
     except ApiError:
         metrics.ERRORS.labels("status_write").inc()
         raise  # the entries stay in the remediator's memory; the next cycle writes them

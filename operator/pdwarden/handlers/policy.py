@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdwarden import metrics
-from pdwarden.api import parse_policy_spec
+from pdwarden.api import PDRemediationPolicyStatus, parse_policy_spec
 from pdwarden.constants import ANNOTATION_RESET_BREAKER, API_VERSION, POLICY_KIND
 from pdwarden.k8s import ApiError
 from pdwarden.ports import ForeignPodApi, KubeApi, WorkerApi
 from pdwarden.remediation.act.sglang import PrefillAborter
 from pdwarden.remediation.policy_cycle import PolicyRemediator, effective_policy_spec
-from pdwarden.remediation.record.policy_store import PolicyStatusCache, write
+from pdwarden.remediation.record.store import POLICY, StatusCache, write
 
 log = logging.getLogger("pdwarden.handlers.policy")
 IDLE_INTERVAL = 5.0
@@ -40,14 +40,14 @@ class PolicyState:
     global_dry_run: bool = False
     sglang: PrefillAborter | None = None
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
-    statuses: PolicyStatusCache = field(init=False)
+    statuses: StatusCache[PDRemediationPolicyStatus] = field(init=False)
     remediator: PolicyRemediator = field(init=False)
     # Finished cycles per policy UID: progress a test can wait for before asserting that
     # nothing happened.
     cycles: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
-        self.statuses = PolicyStatusCache(self.client)
+        self.statuses = StatusCache(POLICY, self.client)
         self.remediator = PolicyRemediator(self.client, self.workers, self.foreign, self.sglang)
 
     def lock_for(self, uid: str) -> asyncio.Lock:
@@ -79,7 +79,9 @@ async def policy_cycle(state: PolicyState, body: Mapping[str, Any]) -> float:
             previous = await state.statuses.current(body)
             result = await state.remediator.cycle(body, spec, previous.status)
             try:
-                known = await write(state.client, namespace, name, base=previous, new=result.status)
+                known = await write(
+                    POLICY, state.client, namespace, name, base=previous, new=result.status
+                )
             except ApiError:
                 metrics.ERRORS.labels("status_write").inc()
                 raise  # the entries stay in the remediator's memory; the next cycle writes them

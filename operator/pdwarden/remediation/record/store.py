@@ -5,36 +5,79 @@ failover also two operator processes, each with its own memory of the last statu
 merge patch replaces `remediation.history` wholesale, so a write based on an older copy would
 erase ledger entries (and with them cooldowns and the breaker's count). Every write here carries
 the resourceVersion it was computed from; on 409 the object is read again and our change is
-re-applied on top (`ledger.rebase`: the ledger is the union of both). The per-process cache is
-used only while it is provably current (its resourceVersion is the object's), so a stale cache
-never wins over the object's status.
+re-applied on top (the ledger is the union of both). The per-process cache is used only while it
+is provably current (its resourceVersion is the object's), so a stale cache never wins over the
+object's status.
+
+One store serves both kinds; each is a `StatusKind` (its kind, status model and how ours is
+re-applied on theirs): `DEPLOYMENT` (a three-way merge, `ledger.rebase`, since reconcile and
+remediation each own fields) and `POLICY` (one writer per policy: ours, with the union ledger).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 from pydantic import ValidationError
 
 from pdwarden import metrics
-from pdwarden.api import PDDeploymentStatus, parse_status, status_to_wire
-from pdwarden.constants import API_VERSION, KIND
+from pdwarden.api import (
+    PDDeploymentStatus,
+    PDRemediationPolicyStatus,
+    RemediationStatus,
+    to_wire,
+)
+from pdwarden.api.base import StatusModel
+from pdwarden.constants import API_VERSION, KIND, POLICY_KIND
 from pdwarden.k8s import ApiError
 from pdwarden.ports import KubeApi
-from pdwarden.remediation.record.ledger import rebase
+from pdwarden.remediation.record.ledger import merge_history, missing_from, rebase
 
 log = logging.getLogger("pdwarden.status")
 MAX_ATTEMPTS: Final = 4
 
+S = TypeVar("S", bound=StatusModel)
+
+
+def rebase_ledger(
+    ours: PDRemediationPolicyStatus,
+    base: PDRemediationPolicyStatus,
+    theirs: PDRemediationPolicyStatus,
+) -> PDRemediationPolicyStatus:
+    """Ours (computed from `base`) on top of `theirs`: everything is ours (this cycle observed it
+    last), except the ledger, which keeps every entry either writer recorded."""
+    mine = (ours.remediation or RemediationStatus()).history
+    older = (base.remediation or RemediationStatus()).history
+    their_history = (theirs.remediation or RemediationStatus()).history
+    history = merge_history(their_history, missing_from(older, mine))
+    remediation = (ours.remediation or RemediationStatus()).model_copy(update={"history": history})
+    return ours.model_copy(update={"remediation": remediation})
+
 
 @dataclass(frozen=True)
-class Known:
+class StatusKind(Generic[S]):
+    """What differs between the kinds: the kind, its status model, and the conflict merge."""
+
+    kind: str
+    model: type[S]
+    rebase: Callable[[S, S, S], S]
+
+    def parse(self, raw: Mapping[str, Any] | None) -> S:
+        return self.model.model_validate(dict(raw or {}), by_alias=True, by_name=False)
+
+
+DEPLOYMENT: Final = StatusKind(KIND, PDDeploymentStatus, rebase)
+POLICY: Final = StatusKind(POLICY_KIND, PDRemediationPolicyStatus, rebase_ledger)
+
+
+@dataclass(frozen=True)
+class Known(Generic[S]):
     """A status and the object's resourceVersion it was read from (or written as)."""
 
-    status: PDDeploymentStatus
+    status: S
     resource_version: str | None
 
 
@@ -43,43 +86,43 @@ def _rv(obj: Mapping[str, Any]) -> str | None:
     return str(rv) if rv else None
 
 
-def status_from_body(body: Mapping[str, Any]) -> PDDeploymentStatus:
+def status_from_body(kind: StatusKind[S], body: Mapping[str, Any]) -> S:
     """The status an object holds; keys the model does not know (kopf's) are dropped, and so is
     any part that does not validate (hand-edited, or written by another version), ledger entry
     by ledger entry, so one bad entry never costs the rest of the ledger."""
-    known = {f.alias or n for n, f in PDDeploymentStatus.model_fields.items()}
+    known = {f.alias or n for n, f in kind.model.model_fields.items()}
     raw = body.get("status")
     raw = {k: v for k, v in dict(raw if isinstance(raw, Mapping) else {}).items() if k in known}
     try:
-        return parse_status(raw)
+        return kind.parse(raw)
     except ValidationError:
         log.warning("status of %s does not validate; keeping what does", _name(body))
     kept: dict[str, Any] = {}
     for key, value in raw.items():
         clean = (
-            _valid_remediation(value)
+            _valid_remediation(kind, value)
             if key == "remediation" and isinstance(value, Mapping)
             else value
         )
-        if _valid({key: clean}):
+        if _valid(kind, {key: clean}):
             kept[key] = clean
-    return parse_status(kept)
+    return kind.parse(kept)
 
 
-def _valid_remediation(raw: Mapping[str, Any]) -> dict[str, Any]:
+def _valid_remediation(kind: StatusKind[S], raw: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in raw.items():
         clean = value
         if key == "history" and isinstance(value, list):
-            clean = [e for e in value if _valid({"remediation": {"history": [e]}})]
-        if _valid({"remediation": {key: clean}}):
+            clean = [e for e in value if _valid(kind, {"remediation": {"history": [e]}})]
+        if _valid(kind, {"remediation": {key: clean}}):
             out[key] = clean
     return out
 
 
-def _valid(raw: Mapping[str, Any]) -> bool:
+def _valid(kind: StatusKind[S], raw: Mapping[str, Any]) -> bool:
     try:
-        parse_status(raw)
+        kind.parse(raw)
     except ValidationError:
         return False
     return True
@@ -90,36 +133,41 @@ def _name(body: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace')}/{meta.get('name')}"
 
 
-def known_from_body(body: Mapping[str, Any]) -> Known:
-    return Known(status_from_body(body), _rv(body))
+def known_from_body(kind: StatusKind[S], body: Mapping[str, Any]) -> Known[S]:
+    return Known(status_from_body(kind, body), _rv(body))
 
 
-async def read(client: KubeApi, namespace: str, name: str) -> Known:
-    obj = await client.get(API_VERSION, KIND, namespace, name)
+async def read(kind: StatusKind[S], client: KubeApi, namespace: str, name: str) -> Known[S]:
+    obj = await client.get(API_VERSION, kind.kind, namespace, name)
     if obj is None:
-        raise ApiError(404, f"{KIND} {namespace}/{name} is gone")
-    return known_from_body(obj)
+        raise ApiError(404, f"{kind.kind} {namespace}/{name} is gone")
+    return known_from_body(kind, obj)
 
 
 async def write(
-    client: KubeApi, namespace: str, name: str, *, base: Known, new: PDDeploymentStatus
-) -> Known:
+    kind: StatusKind[S], client: KubeApi, namespace: str, name: str, *, base: Known[S], new: S
+) -> Known[S]:
     """Write `new` (computed from `base`) unless the object already holds it; returns what the
     object holds afterwards. Raises ApiError if the API server fails us."""
     for _ in range(MAX_ATTEMPTS):
-        wire = status_to_wire(new)
-        if wire == status_to_wire(base.status):
+        wire = to_wire(new)
+        if wire == to_wire(base.status):
             return Known(new, base.resource_version)
         try:
             obj = await client.patch_status(
-                API_VERSION, KIND, namespace, name, wire, resource_version=base.resource_version
+                API_VERSION,
+                kind.kind,
+                namespace,
+                name,
+                wire,
+                resource_version=base.resource_version,
             )
         except ApiError as e:
             if e.status != 409:
                 raise
             metrics.STATUS_CONFLICTS.inc()
-            theirs = await read(client, namespace, name)
-            new = rebase(new, base.status, theirs.status)
+            theirs = await read(kind, client, namespace, name)
+            new = kind.rebase(new, base.status, theirs.status)
             base = theirs
             continue
         metrics.STATUS_WRITES.inc()
@@ -128,7 +176,7 @@ async def write(
 
 
 @dataclass
-class StatusCache:
+class StatusCache(Generic[S]):
     """The last status this process wrote or read, per object UID, with its resourceVersion.
 
     kopf's body lags our own writes by a watch event; the cache bridges that lag, but only while
@@ -136,13 +184,14 @@ class StatusCache:
     the two differ the object is read again, so another writer's newer status always wins.
     """
 
+    kind: StatusKind[S]
     client: KubeApi
-    entries: dict[str, Known] = field(default_factory=dict)
+    entries: dict[str, Known[S]] = field(default_factory=dict)
 
-    async def current(self, body: Mapping[str, Any]) -> Known:
+    async def current(self, body: Mapping[str, Any]) -> Known[S]:
         meta = body["metadata"]
         cached = self.entries.get(meta["uid"])
-        from_body = known_from_body(body)
+        from_body = known_from_body(self.kind, body)
         if cached is None:
             return from_body
         if (
@@ -150,11 +199,11 @@ class StatusCache:
             and cached.resource_version == from_body.resource_version
         ):
             return cached
-        fresh = await read(self.client, meta["namespace"], meta["name"])
+        fresh = await read(self.kind, self.client, meta["namespace"], meta["name"])
         self.entries[meta["uid"]] = fresh
         return fresh
 
-    def remember(self, uid: str, known: Known) -> None:
+    def remember(self, uid: str, known: Known[S]) -> None:
         self.entries[uid] = known
 
     def forget(self, uid: str) -> None:
