@@ -1,4 +1,4 @@
-"""reconcile_plan: what a pass applies, which pods it marks serving, an invalid spec's status."""
+"""reconciling.plan: what a pass applies, which pods it marks serving, an invalid spec's status."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""scraping: whole bodies up to a cap, parsed off the event loop, against real HTTP servers.
+"""scrape.client: whole bodies up to a cap, parsed off the event loop, against real HTTP servers.
 
 Every server here is a real aiohttp server on loopback; the client is the operator's own
 WorkerClient. Bodies are in the exposition format SGLang serves (the fixtures of

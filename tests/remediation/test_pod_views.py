@@ -1,4 +1,4 @@
-"""pod_views: which pods are scraped, which are stale, what a decode pod's serving state is."""
+"""remediation.views: which pods are scraped, which are stale, a decode pod's serving state."""
 
 from __future__ import annotations
 

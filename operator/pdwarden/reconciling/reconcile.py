@@ -1,6 +1,6 @@
 """One reconcile pass for a PDDeployment: render, apply what differs, observe, report.
 
-Why: this is the imperative shell around the pure parts (render, observe, reconcile_plan). It is
+Why: this is the imperative shell around the pure parts (render, observe, plan). It is
 level-based: every pass starts from the spec and what the API server shows now, so a restarted
 operator or a missed event changes nothing; and it writes only what differs (workloads whose
 template hash or replica count drifted, status when it materially changed, guarded by the

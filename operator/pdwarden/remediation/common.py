@@ -1,6 +1,6 @@
 """The parts of a remediation cycle's shell that PDDeployments and PDRemediationPolicies share.
 
-Why a module of its own: both shells (`remediate` for pods pdwarden runs, `remediate_policy` for
+Why a module of its own: both shells (`cycle` for pods pdwarden runs, `policy_cycle` for
 pods another system runs) scrape pods with per-pod containment, announce new wedges once, write
 an action's ledger entry ahead into memory and report each action as Events on the owner object
 and the pod. Keeping that here, once, means the two kinds cannot drift in what users see or in

@@ -1,6 +1,6 @@
 """One scrape-detect-remediate cycle for a PDDeployment: the imperative shell of remediation.
 
-Why: detection, policy and record-keeping are pure (`pod_views`, `detection`, `remediation`,
+Why: detection, policy and record-keeping are pure (`views`, `detect`, `policy`,
 `ledger`); this module only fetches their inputs (our pods from the API server, samples from
 the workers), performs the plan (admin API, pod conditions, pod deletes) and posts Events. Every
 error is contained where it happens: one pod's scrape, one action, one Event; an action's ledger

@@ -2,11 +2,11 @@
 
 Why a shell of its own: a policy's pods are found by the user's label selectors, not by owner
 chain, and acted on in the only ways their owners tolerate (a label cordon, the Eviction API).
-Everything else is the PDDeployment pipeline, reused, not copied: `policy_scope.select` decides
+Everything else is the PDDeployment pipeline, reused, not copied: `policy.scope.select` decides
 which matched pods the policy may touch (never a PDDeployment's pod, never one another policy
-also selects), then `pod_views`/`detect`/`plan` judge and decide exactly as for a PDDeployment,
-`remediate_common` scrapes, writes ledger entries ahead and posts Events, and
-`policy_observe.policy_cycle_status` builds the status through `ledger.cycle_status`.
+also selects), then `views`/`detect`/`plan` judge and decide exactly as for a PDDeployment,
+`common` scrapes, writes ledger entries ahead and posts Events, and
+`record.policy_status.policy_cycle_status` builds the status through `ledger.cycle_status`.
 
 What a plan's action becomes here: FailRooms -> pdworker's admin API with the token from
 spec.adminTokenSecretRef; AbortRequests -> SGLang's /abort_request (with that Secret's key as

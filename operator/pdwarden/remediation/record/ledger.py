@@ -2,7 +2,7 @@
 
 Why pure: the ledger is the operator's durable memory (cooldowns and the circuit breaker read
 it after a restart or a failover), and the conditions are what users read first. Building them
-is a function of plain data here, unit-tested without a client; `remediate` only performs the
+is a function of plain data here, unit-tested without a client; `cycle` only performs the
 actions and hands the outcomes in. The merge functions at the end keep two writers (two replicas
 after a failover, or reconcile and remediation) from erasing each other's entries.
 """

@@ -1,6 +1,6 @@
 """Selection and cordon readiness -> the parts of a PDRemediationPolicy's status they decide.
 
-Why: the loop that drives policies (remediate_policy) writes status only on material change, and
+Why: the loop that drives policies (policy_cycle) writes status only on material change, and
 its Conflict and CordonUnavailable conditions must keep their lastTransitionTime while nothing
 flips, exactly like conditions.set_condition does for a PDDeployment. This pure function fills in
 what selection knows (pod counts per role, refused pods, those two conditions) over the previous

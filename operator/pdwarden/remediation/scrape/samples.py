@@ -1,7 +1,7 @@
 """One internal shape for a worker's queue metrics, whichever engine produced them.
 
 Why: detection must not care whether a pod runs pdworker or stock SGLang. What each engine's
-series mean lives in `engine_metrics`; this module turns a /metrics body into a `Sample` with
+series mean lives in `engines`; this module turns a /metrics body into a `Sample` with
 it. Every byte is hostile: the body size, line length, label-value length and series count are
 bounded, lines of series no adapter needs are dropped by their name before anything else is
 looked at, and the rest is read by a small line parser whose cost is linear in the input
