@@ -9,6 +9,7 @@ a cycle's status is written through the guarded store before the remediator forg
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -26,11 +27,6 @@ from pdwarden.remediation.record.store import StatusCache, write
 log = logging.getLogger("pdwarden.handlers")
 IDLE_INTERVAL = 5.0
 
-S = TypeVar("S", bound=StatusModel)
-S_co = TypeVar("S_co", covariant=True)
-SpecT = TypeVar("SpecT")
-SpecT_contra = TypeVar("SpecT_contra", contravariant=True)
-
 
 class _Interval(Protocol):
     @property
@@ -40,6 +36,12 @@ class _Interval(Protocol):
 class _Spec(Protocol):
     @property
     def remediation(self) -> _Interval: ...
+
+
+S = TypeVar("S", bound=StatusModel)
+S_co = TypeVar("S_co", covariant=True)
+SpecT = TypeVar("SpecT", bound=_Spec)
+SpecT_contra = TypeVar("SpecT_contra", contravariant=True)
 
 
 class _Result(Protocol[S_co]):
@@ -58,6 +60,24 @@ class Remediator(Protocol, Generic[SpecT_contra, S]):
     ) -> _Result[S]: ...
 
     def recorded(self, uid: str, status: S) -> None: ...
+
+
+class DaemonState(Protocol[SpecT_contra, S]):
+    """What `deployment.OperatorState` and `policy.PolicyState` share for their daemons."""
+
+    @property
+    def client(self) -> KubeApi: ...
+
+    @property
+    def statuses(self) -> StatusCache[S]: ...
+
+    @property
+    def remediator(self) -> Remediator[SpecT_contra, S]: ...
+
+    @property
+    def cycles(self) -> Counter[str]: ...
+
+    def lock_for(self, uid: str) -> asyncio.Lock: ...
 
 
 def names(body: Mapping[str, Any]) -> tuple[str, str]:
@@ -127,3 +147,31 @@ async def record_cycle(
             API_VERSION, statuses.kind.kind, namespace, name,
             {"annotations": {ANNOTATION_RESET_BREAKER: None}},
         )  # fmt: skip
+
+
+async def daemon_cycle(
+    state: DaemonState[SpecT, S],
+    body: Mapping[str, Any],
+    spec_of: Callable[[], SpecT | None],
+    *,
+    parse: Callable[[Mapping[str, Any]], _Spec],
+    stage: str,
+    what: str,
+    counter: MetricCounter,
+) -> float:
+    """One daemon cycle of one object: the spec it runs with (`spec_of()`; None = nothing to do,
+    come back after the idle interval), then, under the object's lock, `record_cycle`; all of it
+    `contained`. Returns the seconds until the next cycle."""
+
+    async def run() -> float:
+        spec = spec_of()
+        if spec is None:
+            return IDLE_INTERVAL
+        async with state.lock_for(str(body["metadata"]["uid"])):
+            await record_cycle(state.client, state.statuses, state.remediator, body, spec)
+        return float(spec.remediation.scrape_interval_seconds)
+
+    return await contained(
+        body, run, fallback=lambda: interval(body, parse), stage=stage, what=what,
+        cycles=state.cycles, counter=counter,
+    )  # fmt: skip

@@ -21,7 +21,7 @@ import kopf
 
 from pdwarden import metrics
 from pdwarden.api import InvalidSpec, PDDeploymentSpec, PDDeploymentStatus, parse_spec
-from pdwarden.handlers.cycle import IDLE_INTERVAL, contained, interval, names, record_cycle
+from pdwarden.handlers.cycle import daemon_cycle, names
 from pdwarden.k8s import ApiError
 from pdwarden.ports import KubeApi, WorkerApi
 from pdwarden.reconciling.reconcile import PassResult, TransientError, reconcile
@@ -108,18 +108,9 @@ def effective_spec(state: OperatorState, body: Mapping[str, Any]) -> PDDeploymen
 async def remediation_cycle(state: OperatorState, body: Mapping[str, Any]) -> float:
     """One scrape-detect-remediate cycle; returns the seconds until the next one. Never raises
     (except cancellation): a failed cycle is logged and counted, and the next one runs."""
-
-    async def run() -> float:
-        spec = effective_spec(state, body)
-        if spec is None:
-            return IDLE_INTERVAL
-        async with state.lock_for(body["metadata"]["uid"]):
-            await record_cycle(state.client, state.statuses, state.remediator, body, spec)
-        return float(spec.remediation.scrape_interval_seconds)
-
-    return await contained(
-        body, run, fallback=lambda: interval(body, parse_spec), stage="cycle",
-        what="remediation cycle", cycles=state.cycles, counter=metrics.REMEDIATION_CYCLES,
+    return await daemon_cycle(
+        state, body, lambda: effective_spec(state, body), parse=parse_spec, stage="cycle",
+        what="remediation cycle", counter=metrics.REMEDIATION_CYCLES,
     )  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from pdwarden import metrics
 from pdwarden.api import PDRemediationPolicyStatus, parse_policy_spec
-from pdwarden.handlers.cycle import IDLE_INTERVAL, contained, interval, names, record_cycle
+from pdwarden.handlers.cycle import daemon_cycle, names
 from pdwarden.ports import ForeignPodApi, KubeApi, WorkerApi
 from pdwarden.remediation.act.sglang import PrefillAborter
 from pdwarden.remediation.policy_cycle import PolicyRemediator, effective_policy_spec
@@ -52,18 +52,10 @@ class PolicyState:
 async def policy_cycle(state: PolicyState, body: Mapping[str, Any]) -> float:
     """One cycle of one policy; returns the seconds until the next. Never raises (except
     cancellation)."""
-
-    async def run() -> float:
-        spec = effective_policy_spec(body, state.global_dry_run)
-        if spec is None:
-            return IDLE_INTERVAL
-        async with state.lock_for(str(body["metadata"]["uid"])):
-            await record_cycle(state.client, state.statuses, state.remediator, body, spec)
-        return float(spec.remediation.scrape_interval_seconds)
-
-    return await contained(
-        body, run, fallback=lambda: interval(body, parse_policy_spec), stage="policy_cycle",
-        what="policy cycle", cycles=state.cycles, counter=metrics.POLICY_CYCLES,
+    return await daemon_cycle(
+        state, body, lambda: effective_policy_spec(body, state.global_dry_run),
+        parse=parse_policy_spec, stage="policy_cycle", what="policy cycle",
+        counter=metrics.POLICY_CYCLES,
     )  # fmt: skip
 
 
