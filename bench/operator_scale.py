@@ -32,10 +32,10 @@ from typing import Any
 from bench import common, harness
 from bench._metrics_sim import pod_ip, role_of
 from pdwarden.api import RemediationSpec
-from pdwarden.detection import PodView, detect
-from pdwarden.remediation import DecodePod, plan
-from pdwarden.samples import Sample
-from pdwarden.scraping import Target, WorkerClient
+from pdwarden.remediation.detect.rules import PodView, detect
+from pdwarden.remediation.policy.plan import DecodePod, plan
+from pdwarden.remediation.scrape.client import Target, WorkerClient
+from pdwarden.remediation.scrape.samples import Sample
 
 INTERVAL = 5.0
 

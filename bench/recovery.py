@@ -1,8 +1,9 @@
 """Time to recovery from wedges: pdwarden's remediation cycle vs. the engines' own timeouts.
 
 How, without Kubernetes: real pdworker processes on 127.0.0.1 with their fault switches, and the
-operator's own remediation core run in-process at the configured interval: `pdwarden.scraping`
-(`WorkerClient.scrape`, `fail_rooms`) -> `pdwarden.detection.detect` -> `pdwarden.remediation.plan`
+operator's own remediation core run in-process at the configured interval:
+`pdwarden.remediation.scrape.client` (`WorkerClient.scrape`, `fail_rooms`) ->
+`pdwarden.remediation.detect.rules.detect` -> `pdwarden.remediation.policy.plan.plan`
 over a ledger of `LedgerEntry`s. What the Kubernetes adapter would do is done directly: FailRooms
 through the admin API (the same call), CordonDecode is recorded (a static router cannot drop the
 pod, so new requests still reach it until the restart; on Kubernetes the readiness gate removes
@@ -47,10 +48,10 @@ from e2e.httpjson import http
 from bench import common, harness
 from bench._metrics_sim import SglangPlayer
 from pdwarden.api import LedgerEntry, RemediationSpec
-from pdwarden.detection import PodView, detect
-from pdwarden.remediation import DecodePod, plan
-from pdwarden.samples import Sample
-from pdwarden.scraping import Target, WorkerClient
+from pdwarden.remediation.detect.rules import PodView, detect
+from pdwarden.remediation.policy.plan import DecodePod, plan
+from pdwarden.remediation.scrape.client import Target, WorkerClient
+from pdwarden.remediation.scrape.samples import Sample
 
 SMALL = [
     "--layers", "2", "--heads", "2", "--head-dim", "16", "--page-size", "4", "--vocab", "1024",

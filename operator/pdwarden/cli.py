@@ -41,7 +41,7 @@ def _status(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
     from pdwarden.k8s.fetch import FetchError, NotFound, get_object
-    from pdwarden.status_view import format_status, status_json
+    from pdwarden.remediation.record.view import format_status, status_json
 
     kind, name = _kind_and_name(args.name, args.kind)
     try:

@@ -13,7 +13,6 @@ from typing import Any
 
 import kopf
 
-from pdwarden import handlers, policy_handlers
 from pdwarden.constants import (
     ANNOTATION_PREFIX,
     FINALIZER,
@@ -28,9 +27,11 @@ from pdwarden.constants import (
     POLICY_PLURAL,
     VERSION,
 )
+from pdwarden.handlers import deployment as handlers
+from pdwarden.handlers import policy as policy_handlers
 from pdwarden.k8s import KubeClient
 from pdwarden.k8s.foreign import ForeignPods
-from pdwarden.scraping import DEFAULT_MAX_BODY, WorkerClient
+from pdwarden.remediation.scrape.client import DEFAULT_MAX_BODY, WorkerClient
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """The two seams of the operator's shells: what they need from Kubernetes and from worker pods.
 
-Why: `reconcile`, `remediate` and `handlers` are the code that runs during incidents, so they
+Why: `reconciling`, `remediation` and `handlers` are the code that runs during incidents, so they
 must be testable without a cluster. They depend on these Protocols, which `k8s.KubeClient` and
-`scraping.WorkerClient` satisfy in production and in-memory fakes satisfy in tests (tests/shell),
-with failures injected at will. Nothing here does I/O.
+`scrape.client.WorkerClient` satisfy in production and in-memory fakes satisfy in tests
+(tests/shell), with failures injected at will. Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from pdwarden.policy_actions import EvictionOutcome, LabelPatch
-from pdwarden.scraping import ScrapeResult, Target
+from pdwarden.remediation.act.foreign import EvictionOutcome, LabelPatch
+from pdwarden.remediation.scrape.client import ScrapeResult, Target
 
 Obj = dict[str, Any]
 

@@ -16,7 +16,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from pdwarden.main import RunConfig, build_registry
-from pdwarden.scraping import DEFAULT_MAX_BODY, MAX_BODY_LIMIT
+from pdwarden.remediation.scrape.client import DEFAULT_MAX_BODY, MAX_BODY_LIMIT
 from pdwarden.tokens import TokenKeyError, load_key
 
 

@@ -7,7 +7,6 @@ validation), never from pdwarden code: nothing of ours runs in these tests excep
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +18,7 @@ from pdwarden import constants
 from pdwarden.api import parse_spec, parse_status, spec_to_wire, status_to_wire
 from pdwarden.api.base import prune_empty
 
+from .apiserver import applied, assert_refused, document, install
 from .cases import BAD_SPECS, CRD_FILE, Bad, load_examples
 
 pytestmark = pytest.mark.cluster
@@ -28,24 +28,12 @@ EXAMPLES = load_examples()
 @pytest.fixture(scope="module")
 def api(cluster: Cluster) -> Iterator[tuple[Cluster, str]]:
     """The CRD installed and Established, and a namespace for this module's objects."""
-    out = cluster.kubectl(
-        "apply", "--server-side", "--force-conflicts", "--field-manager=pdwarden-tests",
-        "-f", str(CRD_FILE),
-    )  # fmt: skip
-    assert "Warning" not in out.stderr, out.stderr
-    cluster.kubectl(
-        "wait", "--for=condition=Established", f"crd/{constants.CRD_NAME}", "--timeout=60s"
-    )
-    ns = f"pdd-api-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", ns)
-    yield cluster, ns
-    cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    for ns in install(cluster, CRD_FILE, constants.CRD_NAME, "pdd-api"):
+        yield cluster, ns
 
 
 def _doc(name: str, spec: dict[str, Any]) -> str:
-    body = {"apiVersion": constants.API_VERSION, "kind": constants.KIND,
-            "metadata": {"name": name}, "spec": spec}  # fmt: skip
-    return yaml.safe_dump(body)
+    return document(constants.KIND, name, spec)
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
@@ -54,12 +42,7 @@ def test_example_applies_and_round_trips_with_defaults(
 ) -> None:
     cluster, ns = api
     doc = EXAMPLES[example]
-    out = cluster.kubectl(
-        "apply", "--server-side", "--field-manager=pdwarden-tests", "-n", ns, "-o", "json",
-        "-f", "-", input=yaml.safe_dump(doc),
-    )  # fmt: skip
-    stored = json.loads(out.stdout)["spec"]
-    try:
+    with applied(cluster, ns, doc) as stored:
         expected = parse_spec(doc["spec"])
         # The API server filled in exactly the defaults the models declare, no more, no less.
         assert stored == prune_empty(spec_to_wire(expected))
@@ -67,22 +50,12 @@ def test_example_applies_and_round_trips_with_defaults(
         assert (
             stored["remediation"]["wedgeAfterSeconds"] == expected.remediation.wedge_after_seconds
         )
-    finally:
-        cluster.kubectl("delete", "-n", ns, "-f", "-", input=yaml.safe_dump(doc), check=False)
 
 
 @pytest.mark.parametrize("case", BAD_SPECS, ids=lambda c: c.id)
 def test_api_server_refuses_bad_spec_naming_the_field(api: tuple[Cluster, str], case: Bad) -> None:
     cluster, ns = api
-    out = cluster.kubectl(
-        "create", "--dry-run=server", "--validate=strict", "-n", ns, "-f", "-",
-        input=_doc(f"bad-{case.id}", case.spec), check=False,
-    )  # fmt: skip
-    assert out.returncode != 0, f"accepted: {case.id}"
-    # kubectl has no client-side schema for custom resources: these are the server's words
-    # ("The PDDeployment ... is invalid": schema and CEL; "Error from server": strict decoding).
-    assert "is invalid" in out.stderr or "Error from server" in out.stderr, out.stderr
-    assert case.field in out.stderr, out.stderr
+    assert_refused(cluster, ns, _doc(f"bad-{case.id}", case.spec), case.field, case.id)
 
 
 def test_valid_base_spec_is_accepted_by_dry_run(api: tuple[Cluster, str]) -> None:

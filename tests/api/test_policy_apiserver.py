@@ -7,7 +7,6 @@ validation); nothing of pdwarden runs here except the generated YAML.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +18,7 @@ from pdwarden import constants
 from pdwarden.api import parse_policy_spec, parse_policy_status, to_wire
 from pdwarden.api.base import prune_empty
 
+from .apiserver import applied, assert_refused, document, install
 from .cases import POLICY_CRD_FILE, load_policy_examples
 from .policy_cases import BAD_POLICIES, BASE_POLICY, BadPolicy
 
@@ -28,25 +28,12 @@ EXAMPLES = load_policy_examples()
 
 @pytest.fixture(scope="module")
 def api(cluster: Cluster) -> Iterator[tuple[Cluster, str]]:
-    out = cluster.kubectl(
-        "apply", "--server-side", "--force-conflicts", "--field-manager=pdwarden-tests",
-        "-f", str(POLICY_CRD_FILE),
-    )  # fmt: skip
-    assert "Warning" not in out.stderr, out.stderr
-    cluster.kubectl(
-        "wait", "--for=condition=Established", f"crd/{constants.POLICY_CRD_NAME}",
-        "--timeout=60s",
-    )  # fmt: skip
-    ns = f"pdrp-api-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", ns)
-    yield cluster, ns
-    cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    for ns in install(cluster, POLICY_CRD_FILE, constants.POLICY_CRD_NAME, "pdrp-api"):
+        yield cluster, ns
 
 
 def _doc(name: str, spec: dict[str, Any]) -> str:
-    body = {"apiVersion": constants.API_VERSION, "kind": constants.POLICY_KIND,
-            "metadata": {"name": name}, "spec": spec}  # fmt: skip
-    return yaml.safe_dump(body)
+    return document(constants.POLICY_KIND, name, spec)
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
@@ -55,19 +42,12 @@ def test_example_applies_and_round_trips_with_defaults(
 ) -> None:
     cluster, ns = api
     doc = EXAMPLES[example]
-    out = cluster.kubectl(
-        "apply", "--server-side", "--field-manager=pdwarden-tests", "-n", ns, "-o", "json",
-        "-f", "-", input=yaml.safe_dump(doc),
-    )  # fmt: skip
-    stored = json.loads(out.stdout)["spec"]
-    try:
+    with applied(cluster, ns, doc) as stored:
         expected = parse_policy_spec(doc["spec"])
         # The API server filled in exactly the defaults the models declare.
         assert stored == prune_empty(to_wire(expected))
         assert parse_policy_spec(stored) == expected
         assert stored["remediation"]["mode"] == "DryRun"
-    finally:
-        cluster.kubectl("delete", "-n", ns, "-f", "-", input=yaml.safe_dump(doc), check=False)
 
 
 def test_minimal_policy_defaults_to_dry_run_on_the_server(api: tuple[Cluster, str]) -> None:
@@ -88,13 +68,7 @@ def test_api_server_refuses_bad_policy_naming_the_field(
     api: tuple[Cluster, str], case: BadPolicy
 ) -> None:
     cluster, ns = api
-    out = cluster.kubectl(
-        "create", "--dry-run=server", "--validate=strict", "-n", ns, "-f", "-",
-        input=_doc(f"bad-{case.id}", case.spec), check=False,
-    )  # fmt: skip
-    assert out.returncode != 0, f"accepted: {case.id}"
-    assert "is invalid" in out.stderr or "Error from server" in out.stderr, out.stderr
-    assert case.field in out.stderr, out.stderr
+    assert_refused(cluster, ns, _doc(f"bad-{case.id}", case.spec), case.field, case.id)
 
 
 def test_kubectl_explain_teaches_the_cordon(api: tuple[Cluster, str]) -> None:

@@ -25,9 +25,10 @@ from pdwarden.k8s.foreign import (
     service_selector,
     set_pod_label,
 )
-from pdwarden.policy_actions import LabelPatch, cordon_check, label_patch
-from pdwarden.policy_scope import foreign_pod
-from pdwarden.remediation import Action
+from pdwarden.remediation.act.foreign import LabelPatch, label_patch
+from pdwarden.remediation.policy.cordon import cordon_check
+from pdwarden.remediation.policy.plan import Action
+from pdwarden.remediation.policy.scope import foreign_pod
 
 pytestmark = pytest.mark.cluster
 KEY = "pdwarden.dev/serving"

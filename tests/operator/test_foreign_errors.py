@@ -15,7 +15,7 @@ from kubernetes import client as k8s
 
 from pdwarden.k8s.client import KubeClient
 from pdwarden.k8s.foreign import ForeignActionError, evict_pod, set_pod_label
-from pdwarden.policy_actions import LabelPatch
+from pdwarden.remediation.act.foreign import LabelPatch
 
 
 def _client(port: int) -> KubeClient:

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pdwarden.api import PDDeploymentStatus, parse_spec
-from pdwarden.observe import Observed, compute_status, pod_problems
+from pdwarden.reconciling.observe import Observed, compute_status, pod_problems
 
 SPEC = parse_spec(
     {

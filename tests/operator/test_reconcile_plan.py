@@ -1,4 +1,4 @@
-"""reconcile_plan: what a pass applies, which pods it marks serving, an invalid spec's status."""
+"""reconciling.plan: what a pass applies, which pods it marks serving, an invalid spec's status."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 from pdwarden.api import Condition, PDDeploymentStatus
 from pdwarden.constants import ANNOTATION_TEMPLATE_HASH, CONDITION_SERVING
-from pdwarden.observe import Observed
-from pdwarden.reconcile_plan import apply_everything, invalid_status, pods_to_serve, to_apply
+from pdwarden.reconciling.observe import Observed
+from pdwarden.reconciling.plan import apply_everything, invalid_status, pods_to_serve, to_apply
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -1,4 +1,4 @@
-"""scraping: whole bodies up to a cap, parsed off the event loop, against real HTTP servers.
+"""scrape.client: whole bodies up to a cap, parsed off the event loop, against real HTTP servers.
 
 Every server here is a real aiohttp server on loopback; the client is the operator's own
 WorkerClient. Bodies are in the exposition format SGLang serves (the fixtures of
@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from metrics_servers import MIB, benign_body, hostile_body, padded_body, serve_in_process
 
-from pdwarden.scraping import DEFAULT_MAX_BODY, ScrapeResult, Target, WorkerClient
+from pdwarden.remediation.scrape.client import DEFAULT_MAX_BODY, ScrapeResult, Target, WorkerClient
 
 HOSTILE_PODS = 20
 
@@ -186,8 +186,8 @@ async def _test_a_parse_past_its_deadline_is_a_scrape_error() -> None:
     [(b"[" * 100_000 + b"]" * 100_000, "nested too deeply"), (b"{not json", "not JSON")],
 )
 def test_rooms_answers_that_are_not_usable_json_are_scrape_errors(raw: bytes, why: str) -> None:
-    from pdwarden.samples import ScrapeError
-    from pdwarden.scraping import parse_rooms_body
+    from pdwarden.remediation.scrape.client import parse_rooms_body
+    from pdwarden.remediation.scrape.samples import ScrapeError
 
     with pytest.raises(ScrapeError, match=why):
         parse_rooms_body(raw)

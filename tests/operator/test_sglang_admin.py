@@ -23,11 +23,17 @@ import pytest
 from aiohttp import web
 from bench.harness import wait_for
 
-from pdwarden.remediate import Remediator
-from pdwarden.remediation import Action
+from pdwarden.remediation.act.sglang import (
+    AbortReport,
+    AdminCallError,
+    Held,
+    SGLangAdmin,
+    held_requests,
+)
+from pdwarden.remediation.cycle import Remediator
+from pdwarden.remediation.policy.plan import Action
+from pdwarden.remediation.scrape.client import Target
 from pdwarden.render import Owner
-from pdwarden.scraping import Target
-from pdwarden.sglang_admin import AbortReport, AdminCallError, Held, SGLangAdmin, held_requests
 
 SIM = Path(__file__).resolve().parents[2] / "e2e" / "sglang_sim.py"
 LABELS = 'engine_type="prefill",model_name="m",moe_ep_rank="0",pp_rank="0"'

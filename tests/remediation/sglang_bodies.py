@@ -13,7 +13,7 @@ from typing import Any
 
 from bench._metrics_sim import sglang_body
 
-from pdwarden.samples import Sample, parse_metrics
+from pdwarden.remediation.scrape.samples import Sample, parse_metrics
 
 # The rendering lives with the bench's SGLang metrics player, so both play the same series.
 body = sglang_body

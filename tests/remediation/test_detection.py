@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from pdwarden.detection import (
+from pdwarden.remediation.detect.rules import (
     MAX_ROOMS_PER_FINDING,
     Detection,
     PodView,
     decode_stalled,
     detect,
 )
-from pdwarden.samples import RoomView, Sample
+from pdwarden.remediation.scrape.samples import RoomView, Sample
 
 WEDGE_AFTER = 60.0
 STEP = 5.0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from sglang_bodies import series
 
-from pdwarden.detection import PodView, detect
+from pdwarden.remediation.detect.rules import PodView, detect
 
 WEDGE_AFTER = 60.0
 TEN_MINUTES = 121  # samples 5 s apart

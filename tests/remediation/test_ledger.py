@@ -13,15 +13,15 @@ from pdwarden.api import (
     RemediationStatus,
 )
 from pdwarden.constants import ANNOTATION_RESET_BREAKER
-from pdwarden.detection import Detection, Finding
-from pdwarden.ledger import (
+from pdwarden.remediation.detect.rules import Detection, Finding
+from pdwarden.remediation.policy.plan import Action, DecodePod, Plan
+from pdwarden.remediation.record.ledger import (
     breaker_reset_at,
     cycle_status,
     ledger_entry,
     merge_history,
     rebase,
 )
-from pdwarden.remediation import Action, DecodePod, Plan
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

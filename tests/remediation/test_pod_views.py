@@ -1,4 +1,4 @@
-"""pod_views: which pods are scraped, which are stale, what a decode pod's serving state is."""
+"""remediation.views: which pods are scraped, which are stale, a decode pod's serving state."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pdwarden.constants import CONDITION_SERVING
-from pdwarden.detection import Detection, Finding
-from pdwarden.pod_views import (
+from pdwarden.remediation.detect.rules import Detection, Finding
+from pdwarden.remediation.scrape.samples import RoomView, Sample
+from pdwarden.remediation.views import (
     DeploymentMemory,
     Observation,
     WorkerPod,
@@ -19,7 +20,6 @@ from pdwarden.pod_views import (
     scrape_targets,
     stale_pods,
 )
-from pdwarden.samples import RoomView, Sample
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

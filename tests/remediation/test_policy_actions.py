@@ -7,14 +7,14 @@ from datetime import UTC, datetime
 import pytest
 
 from pdwarden.api import CordonSpec, LedgerEntry, parse_policy_spec
-from pdwarden.policy_actions import (
-    cordon_check,
+from pdwarden.remediation.act.foreign import (
     eviction_outcome,
     label_patch,
     record_eviction,
 )
-from pdwarden.policy_scope import ForeignPod, foreign_pod
-from pdwarden.remediation import Action, actions_in_last_hour
+from pdwarden.remediation.policy.cordon import cordon_check
+from pdwarden.remediation.policy.plan import Action, actions_in_last_hour
+from pdwarden.remediation.policy.scope import ForeignPod, foreign_pod
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 KEY = "pdwarden.dev/serving"

@@ -11,9 +11,9 @@ from pdwarden.api import (
     parse_policy_status,
     to_wire,
 )
-from pdwarden.policy_actions import cordon_check
-from pdwarden.policy_observe import selection_status
-from pdwarden.policy_scope import ForeignPod, foreign_pod, select
+from pdwarden.remediation.policy.cordon import cordon_check
+from pdwarden.remediation.policy.scope import ForeignPod, foreign_pod, select
+from pdwarden.remediation.record.policy_status import selection_status
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 SPEC = parse_policy_spec({

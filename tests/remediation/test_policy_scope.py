@@ -9,8 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pdwarden.api import PDRemediationPolicySpec, parse_policy_spec
-from pdwarden.detection import Detection
-from pdwarden.policy_scope import (
+from pdwarden.remediation.detect.rules import Detection
+from pdwarden.remediation.policy.plan import plan
+from pdwarden.remediation.policy.scope import (
     ForeignPod,
     conflict_message,
     decode_budget_of,
@@ -18,7 +19,6 @@ from pdwarden.policy_scope import (
     foreign_pod,
     select,
 )
-from pdwarden.remediation import plan
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

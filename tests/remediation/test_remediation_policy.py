@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from pdwarden.api import LedgerEntry, RemediationSpec
-from pdwarden.detection import Detection, Finding
-from pdwarden.remediation import (
+from pdwarden.remediation.detect.rules import Detection, Finding
+from pdwarden.remediation.policy.plan import (
     Action,
     DecodePod,
     Plan,

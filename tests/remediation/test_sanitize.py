@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pdwarden import sanitize
 from pdwarden.api import LedgerEntry
-from pdwarden.samples import RoomView
+from pdwarden.remediation.scrape import sanitize
+from pdwarden.remediation.scrape.samples import RoomView
 
 
 @given(st.text(), st.integers(min_value=0, max_value=2000))

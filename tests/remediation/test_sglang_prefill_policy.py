@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from pdwarden.api import LedgerEntry, RemediationSpec
-from pdwarden.detection import Detection, Finding
-from pdwarden.remediation import Action, DecodePod, Plan, plan
+from pdwarden.remediation.detect.rules import Detection, Finding
+from pdwarden.remediation.policy.plan import Action, DecodePod, Plan, plan
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 ALL = ["FailRooms", "CordonDecode", "RestartDecode", "AbortRequests", "RestartPrefill"]

@@ -22,8 +22,8 @@ from typing import Any
 
 from pdwarden.constants import API_VERSION, KIND, LABEL_DEPLOYMENT, LABEL_ROLE
 from pdwarden.k8s import ApiError
-from pdwarden.samples import RoomView, Sample
-from pdwarden.scraping import ScrapeResult, Target
+from pdwarden.remediation.scrape.client import ScrapeResult, Target
+from pdwarden.remediation.scrape.samples import RoomView, Sample
 
 Obj = dict[str, Any]
 

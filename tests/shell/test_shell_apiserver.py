@@ -19,7 +19,7 @@ from kubernetes import config as k8s_config
 from pdwarden.api import LedgerEntry, PDDeploymentStatus, RemediationStatus, status_to_wire
 from pdwarden.constants import API_VERSION, KIND
 from pdwarden.k8s import ApiError, KubeClient
-from pdwarden.status_store import Known, read, write
+from pdwarden.remediation.record.store import DEPLOYMENT, Known, read, write
 
 pytestmark = pytest.mark.cluster
 ROUNDS = 6
@@ -31,7 +31,7 @@ def client_for(cluster: Cluster) -> KubeClient:
     return KubeClient(k8s.ApiClient(config))
 
 
-def with_entry(known: Known, pod: str, n: int) -> PDDeploymentStatus:
+def with_entry(known: Known[PDDeploymentStatus], pod: str, n: int) -> PDDeploymentStatus:
     status = known.status
     rem = status.remediation or RemediationStatus()
     e = LedgerEntry(
@@ -50,7 +50,7 @@ def test_two_writers_with_stale_copies_keep_every_entry(
     kube = client_for(cluster)
 
     async def main() -> list[int]:
-        start = await read(kube, namespace, "pd")
+        start = await read(DEPLOYMENT, kube, namespace, "pd")
         # The API server itself refuses a write from an out-of-date copy.
         await kube.patch_status(API_VERSION, KIND, namespace, "pd",
                                 status_to_wire(with_entry(start, "p", 0)),
@@ -66,9 +66,14 @@ def test_two_writers_with_stale_copies_keep_every_entry(
             who = "ab"[n % 2]
             base = copies[who]
             copies[who] = await write(
-                kube, namespace, "pd", base=base, new=with_entry(base, f"replica-{who}", n)
+                DEPLOYMENT,
+                kube,
+                namespace,
+                "pd",
+                base=base,
+                new=with_entry(base, f"replica-{who}", n),
             )
-        final = await read(kube, namespace, "pd")
+        final = await read(DEPLOYMENT, kube, namespace, "pd")
         return [e.rooms for e in (final.status.remediation or RemediationStatus()).history]
 
     assert asyncio.run(main()) == list(range(ROUNDS + 1))

@@ -24,9 +24,9 @@ from prometheus_client import REGISTRY
 from shell_fakes import KubeFake, cluster
 
 from pdwarden.constants import KIND
-from pdwarden.handlers import OperatorState, remediation_cycle
+from pdwarden.handlers.deployment import OperatorState, remediation_cycle
 from pdwarden.k8s import ApiError, KubeClient
-from pdwarden.scraping import ScrapeResult, Target, WorkerClient
+from pdwarden.remediation.scrape.client import ScrapeResult, Target, WorkerClient
 from pdworker import contract
 
 KEY = b"k" * 32

@@ -23,12 +23,12 @@ from prometheus_client import REGISTRY
 from shell_fakes import KubeFake, WorkerFake
 
 from pdwarden.constants import ANNOTATION_RESET_BREAKER, API_VERSION, LABEL_SERVING, POLICY_KIND
+from pdwarden.handlers.policy import PolicyState, policy_cycle
 from pdwarden.k8s import ApiError
-from pdwarden.pod_views import DeploymentMemory, PodMemory
-from pdwarden.policy_actions import EvictionOutcome, LabelPatch
-from pdwarden.policy_handlers import PolicyState, policy_cycle
-from pdwarden.samples import Sample
-from pdwarden.scraping import ScrapeResult, Target
+from pdwarden.remediation.act.foreign import EvictionOutcome, LabelPatch
+from pdwarden.remediation.scrape.client import ScrapeResult, Target
+from pdwarden.remediation.scrape.samples import Sample
+from pdwarden.remediation.views import DeploymentMemory, PodMemory
 
 TOKEN = "policy-admin-token"
 PDB_REFUSAL = "Cannot evict pod as it would violate the pod's disruption budget."

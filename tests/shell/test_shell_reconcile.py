@@ -16,9 +16,9 @@ from prometheus_client import REGISTRY
 from shell_fakes import KubeFake, WorkerFake, pddeployment, pod
 
 from pdwarden.constants import CONDITION_SERVING, KIND
-from pdwarden.handlers import OperatorState, reconcile_now
+from pdwarden.handlers.deployment import OperatorState, reconcile_now
 from pdwarden.k8s import ApiError
-from pdwarden.reconcile import PassResult
+from pdwarden.reconciling.reconcile import PassResult
 
 KEY = b"k" * 32
 

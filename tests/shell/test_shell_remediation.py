@@ -18,9 +18,9 @@ from prometheus_client import REGISTRY
 from shell_fakes import KubeFake, WorkerFake, cluster, pod
 
 from pdwarden.constants import ANNOTATION_RESET_BREAKER, CONDITION_SERVING, KIND
-from pdwarden.handlers import OperatorState, remediation_cycle
+from pdwarden.handlers.deployment import OperatorState, remediation_cycle
 from pdwarden.k8s import ApiError
-from pdwarden.samples import RoomView
+from pdwarden.remediation.scrape.samples import RoomView
 
 KEY = b"k" * 32
 

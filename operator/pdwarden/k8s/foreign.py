@@ -7,7 +7,7 @@ in two ways that their owners tolerate: one label, merge-patched with the incarn
 PodDisruptionBudgets. Each call has its own deadline and comes back as an outcome the remediation
 loop can record (patched, conflict, gone; evicted, held back, gone), or a ForeignActionError that
 names the pod and the verb. The decisions (which label, whether a 429 is "held back") are pure and
-live in pdwarden.policy_actions.
+live in pdwarden.remediation.act.foreign.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Final, Literal
 from urllib3.exceptions import HTTPError
 
 from pdwarden.k8s.client import ApiError, KubeClient, Obj, resource_path
-from pdwarden.policy_actions import EvictionOutcome, LabelPatch, eviction_outcome
+from pdwarden.remediation.act.foreign import EvictionOutcome, LabelPatch, eviction_outcome
 
 ACTION_TIMEOUT: Final = 10.0
 LabelResult = Literal["Patched", "Conflict", "Gone"]

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from pdwarden.constants import WORKER_PORT
-from pdwarden.samples import (
+from pdwarden.remediation.scrape.samples import (
     MAX_TEXT_BYTES,
     RoomView,
     Sample,

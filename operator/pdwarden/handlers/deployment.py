@@ -20,18 +20,17 @@ from typing import Any
 import kopf
 
 from pdwarden import metrics
-from pdwarden.api import InvalidSpec, PDDeploymentSpec, parse_spec
-from pdwarden.constants import ANNOTATION_RESET_BREAKER, API_VERSION, KIND
+from pdwarden.api import InvalidSpec, PDDeploymentSpec, PDDeploymentStatus, parse_spec
+from pdwarden.handlers.cycle import daemon_cycle, names
 from pdwarden.k8s import ApiError
 from pdwarden.ports import KubeApi, WorkerApi
-from pdwarden.reconcile import PassResult, TransientError, reconcile
-from pdwarden.remediate import Remediator
-from pdwarden.scraping import WorkerClient
-from pdwarden.status_store import StatusCache, write
+from pdwarden.reconciling.reconcile import PassResult, TransientError, reconcile
+from pdwarden.remediation.cycle import Remediator
+from pdwarden.remediation.record.store import DEPLOYMENT, StatusCache
+from pdwarden.remediation.scrape.client import WorkerClient
 
-log = logging.getLogger("pdwarden.handlers")
+log = logging.getLogger("pdwarden.handlers.deployment")
 RETRY_DELAY = 5.0
-IDLE_INTERVAL = 5.0
 
 
 @dataclass
@@ -44,7 +43,7 @@ class OperatorState:
     workers: WorkerApi = field(default_factory=WorkerClient)
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     known: set[str] = field(default_factory=set)
-    statuses: StatusCache = field(init=False)
+    statuses: StatusCache[PDDeploymentStatus] = field(init=False)
     remediator: Remediator = field(init=False)
     # Finished cycles and passes per object UID (also exported as metrics): progress that a
     # test can wait for before asserting that nothing happened.
@@ -52,16 +51,11 @@ class OperatorState:
     passes: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
-        self.statuses = StatusCache(self.client)
+        self.statuses = StatusCache(DEPLOYMENT, self.client)
         self.remediator = Remediator(self.client, self.workers, self.token_key)
 
     def lock_for(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())
-
-
-def _labels(body: Mapping[str, Any]) -> tuple[str, str]:
-    meta = body["metadata"]
-    return str(meta["namespace"]), str(meta["name"])
 
 
 async def reconcile_now(
@@ -87,11 +81,11 @@ async def reconcile_now(
     except Exception as e:
         metrics.ERRORS.labels("reconcile").inc()
         metrics.RECONCILES.labels("error").inc()
-        log.exception("%s/%s: reconcile pass failed", *_labels(body))
+        log.exception("%s/%s: reconcile pass failed", *names(body))
         raise kopf.TemporaryError(f"reconcile failed: {e}", delay=RETRY_DELAY) from e
     finally:
         state.passes[uid] += 1
-        metrics.RECONCILE_PASSES.labels(*_labels(body)).inc()
+        metrics.RECONCILE_PASSES.labels(*names(body)).inc()
     state.known.add(uid)
     metrics.MANAGED.set(len(state.known))
     return result
@@ -114,50 +108,10 @@ def effective_spec(state: OperatorState, body: Mapping[str, Any]) -> PDDeploymen
 async def remediation_cycle(state: OperatorState, body: Mapping[str, Any]) -> float:
     """One scrape-detect-remediate cycle; returns the seconds until the next one. Never raises
     (except cancellation): a failed cycle is logged and counted, and the next one runs."""
-    uid = body["metadata"]["uid"]
-    try:
-        spec = effective_spec(state, body)
-        if spec is None:
-            return IDLE_INTERVAL
-        async with state.lock_for(uid):
-            await _cycle(state, body, spec)
-        return float(spec.remediation.scrape_interval_seconds)
-    except Exception as e:
-        metrics.ERRORS.labels("cycle").inc()
-        log.warning(
-            "%s/%s: remediation cycle failed: %s: %s", *_labels(body), type(e).__name__, e,
-            exc_info=not isinstance(e, ApiError),
-        )  # fmt: skip
-        return _interval(body)
-    finally:
-        state.cycles[uid] += 1
-        metrics.REMEDIATION_CYCLES.labels(*_labels(body)).inc()
-
-
-def _interval(body: Mapping[str, Any]) -> float:
-    """The scrape interval, even from a spec that does not parse (then the idle interval)."""
-    try:
-        return float(parse_spec(body.get("spec") or {}).remediation.scrape_interval_seconds)
-    except Exception:  # an invalid spec is reconcile's to report
-        return IDLE_INTERVAL
-
-
-async def _cycle(state: OperatorState, body: Mapping[str, Any], spec: PDDeploymentSpec) -> None:
-    uid = body["metadata"]["uid"]
-    namespace, name = _labels(body)
-    previous = await state.statuses.current(body)
-    result = await state.remediator.cycle(body, spec, previous.status)
-    try:
-        known = await write(state.client, namespace, name, base=previous, new=result.status)
-    except ApiError:
-        metrics.ERRORS.labels("status_write").inc()
-        raise  # the entries stay in the remediator's memory; the next cycle writes them
-    state.statuses.remember(uid, known)
-    state.remediator.recorded(uid, known.status)
-    if result.clear_reset_annotation:
-        await state.client.patch_metadata(
-            API_VERSION, KIND, namespace, name, {"annotations": {ANNOTATION_RESET_BREAKER: None}}
-        )
+    return await daemon_cycle(
+        state, body, lambda: effective_spec(state, body), parse=parse_spec, stage="cycle",
+        what="remediation cycle", counter=metrics.REMEDIATION_CYCLES,
+    )  # fmt: skip
 
 
 def forget(state: OperatorState, body: Mapping[str, Any]) -> None:
@@ -169,6 +123,6 @@ def forget(state: OperatorState, body: Mapping[str, Any]) -> None:
     state.passes.pop(uid, None)
     for gauge in metrics.PER_DEPLOYMENT:
         with contextlib.suppress(KeyError):
-            gauge.remove(*_labels(body))
+            gauge.remove(*names(body))
     state.remediator.forget(uid)
     metrics.MANAGED.set(len(state.known))

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final
 
-from pdwarden import sanitize
 from pdwarden.api import LedgerEntry
 from pdwarden.constants import CONDITION_SERVING, LABEL_ROLE, ROLE_DECODE, ROLE_PREFILL
-from pdwarden.detection import Detection, Finding, PodView
-from pdwarden.remediation import DecodePod
-from pdwarden.samples import RoomView, Sample
+from pdwarden.remediation.detect.rules import Detection, Finding, PodView
+from pdwarden.remediation.policy.plan import DecodePod
+from pdwarden.remediation.scrape import sanitize
+from pdwarden.remediation.scrape.samples import RoomView, Sample
 
 Obj = Mapping[str, Any]
 # A pod whose last good scrape is older than this many scrape intervals is stale.

@@ -1,7 +1,7 @@
 """One internal shape for a worker's queue metrics, whichever engine produced them.
 
 Why: detection must not care whether a pod runs pdworker or stock SGLang. What each engine's
-series mean lives in `engine_metrics`; this module turns a /metrics body into a `Sample` with
+series mean lives in `engines`; this module turns a /metrics body into a `Sample` with
 it. Every byte is hostile: the body size, line length, label-value length and series count are
 bounded, lines of series no adapter needs are dropped by their name before anything else is
 looked at, and the rest is read by a small line parser whose cost is linear in the input
@@ -19,7 +19,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from pdwarden import engine_metrics
+from pdwarden.remediation.scrape import engines as engine_metrics
 from pdworker import contract as pdw
 
 QUEUE_FIELDS: Final = ("bootstrap_queue", "inflight_queue", "prealloc_queue", "transfer_queue")

@@ -9,7 +9,8 @@ must read right:
   serving value. Kubernetes Service selectors are equality-only, so the Service includes
   `<labelKey>: <servingValue>`; a cordon sets the label to cordonedValue (the pod leaves the
   endpoints) and an uncordon sets it back to servingValue (never removes it: a pod without the
-  label is not selected either). `cordon_check` refuses while the selector is not in place.
+  label is not selected either). `remediation.policy.cordon.cordon_check` refuses while the
+  selector is not in place.
 * Restart is an eviction (policy/v1), so PodDisruptionBudgets are honoured. A 429 from the
   Eviction API is the PDB saying "not now": the action is held back with the API server's
   reason, recorded as Skipped in the ledger, not counted as a failure or by the breaker.
@@ -17,83 +18,15 @@ must read right:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
 from pdwarden.api import CordonSpec, HeldBack, LedgerEntry
 from pdwarden.api.status import MAX_MESSAGE
-from pdwarden.ledger import ledger_entry
-from pdwarden.policy_scope import ForeignPod
-from pdwarden.remediation import Action
-
-
-@dataclass(frozen=True)
-class CordonCheck:
-    """The CordonUnavailable condition: `unavailable` True blocks cordons, None = cannot tell."""
-
-    unavailable: bool | None
-    reason: str
-    message: str
-
-    @property
-    def allows_cordon(self) -> bool:
-        """Cordon unless the Service is known not to honour the label."""
-        return self.unavailable is not True
-
-
-def cordon_check(
-    cordon: CordonSpec,
-    service_selector: Mapping[str, str] | None,
-    decode_pods: tuple[ForeignPod, ...] = (),
-) -> CordonCheck:
-    """Whether the label cordon would take a decode pod out of service.
-
-    `service_selector` is the selector of the Service named in cordon.serviceRef, or None when
-    that Service does not exist (or no serviceRef is set).
-    """
-    want = f'{cordon.label_key}: "{cordon.serving_value}"'
-    if cordon.service_ref is None:
-        return CordonCheck(
-            None,
-            "NoServiceToCheck",
-            f"spec.cordon.serviceRef is not set, so pdwarden cannot check that traffic to decode "
-            f"pods selects {want}; cordons set the label but may not take pods out of service",
-        )
-    service = cordon.service_ref.name
-    if service_selector is None:
-        return CordonCheck(
-            True,
-            "ServiceNotFound",
-            f"Service {service} (spec.cordon.serviceRef) does not exist; not cordoning",
-        )
-    value = service_selector.get(cordon.label_key)
-    if value is None:
-        return CordonCheck(
-            True,
-            "SelectorMissingLabel",
-            f"Service {service}'s selector does not include {want}, so a cordon would not take "
-            f"a pod out of service; add it to the selector and to the decode pod template",
-        )
-    if value != cordon.serving_value:
-        return CordonCheck(
-            True,
-            "SelectorValueMismatch",
-            f'Service {service} selects {cordon.label_key}: "{value}", not {want}',
-        )
-    unlabelled = sorted(
-        p.name
-        for p in decode_pods
-        if p.labels.get(cordon.label_key) not in (cordon.serving_value, cordon.cordoned_value)
-    )
-    message = f"Service {service} selects {want}"
-    if unlabelled:
-        message += (
-            f"; {len(unlabelled)} decode pod(s) lack the label and get no traffic from it "
-            f"({', '.join(unlabelled[:8])}): add it to the decode pod template"
-        )
-    return CordonCheck(False, "SelectorIncludesLabel", message)
+from pdwarden.remediation.policy.plan import Action
+from pdwarden.remediation.policy.scope import ForeignPod
+from pdwarden.remediation.record.ledger import ledger_entry
 
 
 @dataclass(frozen=True)

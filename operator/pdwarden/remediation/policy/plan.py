@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from pdwarden.api import LedgerEntry, RemediationSpec
-from pdwarden.detection import Detection, Finding
+from pdwarden.remediation.detect.rules import Detection, Finding
 
 ActionKind = Literal[
     "FailRooms",

@@ -13,7 +13,7 @@ import re
 from dataclasses import replace
 from typing import Final
 
-from pdwarden.samples import RoomView
+from pdwarden.remediation.scrape.samples import RoomView
 
 MAX_POD_NAME: Final = 253  # a DNS-1123 subdomain, as Kubernetes allows for pod names
 MAX_TOKEN: Final = 128  # incarnations, phases: short opaque words

@@ -1,6 +1,6 @@
 """Selection and cordon readiness -> the parts of a PDRemediationPolicy's status they decide.
 
-Why: the loop that drives policies (remediate_policy) writes status only on material change, and
+Why: the loop that drives policies (policy_cycle) writes status only on material change, and
 its Conflict and CordonUnavailable conditions must keep their lastTransitionTime while nothing
 flips, exactly like conditions.set_condition does for a PDDeployment. This pure function fills in
 what selection knows (pod counts per role, refused pods, those two conditions) over the previous
@@ -25,11 +25,11 @@ from pdwarden.api import (
     PolicyConditionType,
 )
 from pdwarden.api.policy_status import MAX_HELD_BACK, PolicyDecodeStatus, PolicyRoleStatus
-from pdwarden.detection import Detection
-from pdwarden.ledger import cycle_status
-from pdwarden.policy_actions import CordonCheck
-from pdwarden.policy_scope import Scope, conflict_message, is_cordoned
-from pdwarden.remediation import DecodePod, Plan
+from pdwarden.remediation.detect.rules import Detection
+from pdwarden.remediation.policy.cordon import CordonCheck
+from pdwarden.remediation.policy.plan import DecodePod, Plan
+from pdwarden.remediation.policy.scope import Scope, conflict_message, is_cordoned
+from pdwarden.remediation.record.ledger import cycle_status
 
 
 def _set(

@@ -19,7 +19,7 @@ functions over recorded data, unit-tested on sample series. The rules:
   its per-step token counter flat (for engines without one, its throughput 0: with one, a
   throughput gauge is no evidence, since a hung scheduler freezes its gauges), no request
   finished (and, for requests only queued, no KV arrived). Only signals that move while
-  requests run can prove a stall (`engine_metrics`: never a counter that moves only when a
+  requests run can prove a stall (`scrape.engines`: never a counter that moves only when a
   request ends). Requests merely queued (prealloc, transfer) count only when no prefill may
   still be computing a room for that pod or sending its KV; requests *running* always do.
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pdwarden.constants import ROLE_DECODE, ROLE_PREFILL
-from pdwarden.samples import RoomView, Sample
+from pdwarden.remediation.scrape.samples import RoomView, Sample
 
 Reason = Literal["InflightStuck", "PeerIncarnationGone", "InflightGaugeStuck", "DecodeStalled"]
 INFLIGHT_PHASE = "inflight"

@@ -1,6 +1,6 @@
 """The parts of a remediation cycle's shell that PDDeployments and PDRemediationPolicies share.
 
-Why a module of its own: both shells (`remediate` for pods pdwarden runs, `remediate_policy` for
+Why a module of its own: both shells (`cycle` for pods pdwarden runs, `policy_cycle` for
 pods another system runs) scrape pods with per-pod containment, announce new wedges once, write
 an action's ledger entry ahead into memory and report each action as Events on the owner object
 and the pod. Keeping that here, once, means the two kinds cannot drift in what users see or in
@@ -15,18 +15,25 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pdwarden import metrics, sanitize
+from pdwarden import metrics
 from pdwarden.api import LedgerEntry
 from pdwarden.api.status import MAX_MESSAGE
-from pdwarden.detection import Detection
 from pdwarden.k8s.events import post_event
-from pdwarden.ledger import ledger_entry
-from pdwarden.pod_views import DeploymentMemory, Observation, WorkerPod, new_findings, observation
 from pdwarden.ports import KubeApi, WorkerApi
-from pdwarden.remediation import Action, Plan
-from pdwarden.scraping import Target
+from pdwarden.remediation.detect.rules import Detection
+from pdwarden.remediation.policy.plan import Action, Plan
+from pdwarden.remediation.record.ledger import ledger_entry
+from pdwarden.remediation.scrape import sanitize
+from pdwarden.remediation.scrape.client import Target
+from pdwarden.remediation.views import (
+    DeploymentMemory,
+    Observation,
+    WorkerPod,
+    new_findings,
+    observation,
+)
 
-log = logging.getLogger("pdwarden.remediate")
+log = logging.getLogger("pdwarden.remediation.cycle")
 PENDING = "in progress"
 
 

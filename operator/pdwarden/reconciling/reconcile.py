@@ -1,6 +1,6 @@
 """One reconcile pass for a PDDeployment: render, apply what differs, observe, report.
 
-Why: this is the imperative shell around the pure parts (render, observe, reconcile_plan). It is
+Why: this is the imperative shell around the pure parts (render, observe, plan). It is
 level-based: every pass starts from the spec and what the API server shows now, so a restarted
 operator or a missed event changes nothing; and it writes only what differs (workloads whose
 template hash or replica count drifted, status when it materially changed, guarded by the
@@ -18,15 +18,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pdwarden import metrics
-from pdwarden.api import InvalidSpec, PDDeploymentSpec, parse_spec, status_to_wire
+from pdwarden.api import (
+    InvalidSpec,
+    PDDeploymentSpec,
+    PDDeploymentStatus,
+    parse_spec,
+    status_to_wire,
+)
 from pdwarden.constants import FIELD_MANAGER, LABEL_ROLE, ROLE_DECODE, ROLE_PREFILL, ROLE_ROUTER
 from pdwarden.k8s import ApiError
 from pdwarden.k8s.events import post_event
-from pdwarden.observe import Observed, compute_status
 from pdwarden.ownership import Workloads, owned_by, owned_chain
 from pdwarden.ownership import selector as _selector
 from pdwarden.ports import KubeApi
-from pdwarden.reconcile_plan import (
+from pdwarden.reconciling.observe import Observed, compute_status
+from pdwarden.reconciling.plan import (
     apply_everything,
     degraded,
     invalid_status,
@@ -34,12 +40,12 @@ from pdwarden.reconcile_plan import (
     serving_condition,
     to_apply,
 )
+from pdwarden.remediation.record.store import DEPLOYMENT, Known, known_from_body, write
 from pdwarden.render import Owner, names, render_deployment
 from pdwarden.render.deployment import admin_secret, bootstrap_secret
-from pdwarden.status_store import Known, known_from_body, write
 from pdwarden.tokens import derive_bootstrap_token, derive_token
 
-log = logging.getLogger("pdwarden.reconcile")
+log = logging.getLogger("pdwarden.reconciling.reconcile")
 Obj = dict[str, Any]
 
 
@@ -59,7 +65,7 @@ class PassContext:
     body: Mapping[str, Any]
     owner: Owner
     generation: int | None
-    previous: Known
+    previous: Known[PDDeploymentStatus]
     now: datetime
     token_key: bytes | None = None
 
@@ -69,7 +75,8 @@ class PassResult:
     applied: list[str]
     status: Obj
     invalid: bool = False
-    known: Known | None = None  # what the object holds after the pass (for the status cache)
+    # What the object holds after the pass (for the status cache).
+    known: Known[PDDeploymentStatus] | None = None
 
 
 def owner_of(body: Mapping[str, Any]) -> Owner:
@@ -140,14 +147,14 @@ async def reconcile(
     body: Mapping[str, Any],
     force_apply: bool,
     token_key: bytes | None = None,
-    previous: Known | None = None,
+    previous: Known[PDDeploymentStatus] | None = None,
 ) -> PassResult:
     """Run one pass. Raises TransientError when the API server failed us (retry later)."""
     started = time.monotonic()
     owner = owner_of(body)
     generation = body["metadata"].get("generation")
     if previous is None:
-        previous = known_from_body(body)
+        previous = known_from_body(DEPLOYMENT, body)
     now = datetime.now(UTC).replace(microsecond=0)
     ctx = PassContext(client, body, owner, generation, previous, now, token_key)
     try:
@@ -200,7 +207,9 @@ async def _reconcile_valid(
         apply_error=apply_error,
     )
     changed = status_to_wire(status) != status_to_wire(previous)
-    known = await write(client, owner.namespace, owner.name, base=ctx.previous, new=status)
+    known = await write(
+        DEPLOYMENT, client, owner.namespace, owner.name, base=ctx.previous, new=status
+    )
     if changed and apply_error and apply_error not in degraded(previous)[1]:
         await post_event(client, dict(ctx.body), "ApplyFailed", apply_error, "Warning")
     if applied:
@@ -214,7 +223,7 @@ async def _report_invalid(ctx: PassContext, error: InvalidSpec) -> PassResult:
     message = f"invalid spec: {error}"
     status = invalid_status(ctx.previous.status, message, ctx.now, ctx.generation)
     owner = ctx.owner
-    known = await write(client=ctx.client, namespace=owner.namespace, name=owner.name,
+    known = await write(DEPLOYMENT, client=ctx.client, namespace=owner.namespace, name=owner.name,
                         base=ctx.previous, new=status)  # fmt: skip
     if status_to_wire(status) != status_to_wire(ctx.previous.status):
         await post_event(ctx.client, dict(ctx.body), "InvalidSpec", message, "Warning")

@@ -26,7 +26,7 @@ from typing import Any
 from pdwarden.api import CordonSpec, PDRemediationPolicySpec, RefusedPod
 from pdwarden.api.policy_status import MAX_OTHER_POLICIES, MAX_REFUSED, RefusalReason
 from pdwarden.constants import GROUP, LABEL_DEPLOYMENT, LABEL_MANAGED_BY
-from pdwarden.remediation import DecodePod, decode_budget
+from pdwarden.remediation.policy.plan import DecodePod, decode_budget
 
 MANAGED_BY_PDWARDEN = "pdwarden"
 

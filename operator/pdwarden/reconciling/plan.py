@@ -15,7 +15,7 @@ from typing import Any, Final
 from pdwarden.api import ConditionType, PDDeploymentStatus
 from pdwarden.conditions import set_condition
 from pdwarden.constants import ANNOTATION_TEMPLATE_HASH, CONDITION_SERVING, LABEL_ROLE, ROLE_DECODE
-from pdwarden.observe import Observed
+from pdwarden.reconciling.observe import Observed
 
 Obj = Mapping[str, Any]
 WORKLOAD_KINDS: Final = frozenset({"StatefulSet", "Deployment"})

@@ -2,11 +2,11 @@
 
 Why a shell of its own: a policy's pods are found by the user's label selectors, not by owner
 chain, and acted on in the only ways their owners tolerate (a label cordon, the Eviction API).
-Everything else is the PDDeployment pipeline, reused, not copied: `policy_scope.select` decides
+Everything else is the PDDeployment pipeline, reused, not copied: `policy.scope.select` decides
 which matched pods the policy may touch (never a PDDeployment's pod, never one another policy
-also selects), then `pod_views`/`detect`/`plan` judge and decide exactly as for a PDDeployment,
-`remediate_common` scrapes, writes ledger entries ahead and posts Events, and
-`policy_observe.policy_cycle_status` builds the status through `ledger.cycle_status`.
+also selects), then `views`/`detect`/`plan` judge and decide exactly as for a PDDeployment,
+`common` scrapes, writes ledger entries ahead and posts Events, and
+`record.policy_status.policy_cycle_status` builds the status through `ledger.cycle_status`.
 
 What a plan's action becomes here: FailRooms -> pdworker's admin API with the token from
 spec.adminTokenSecretRef; AbortRequests -> SGLang's /abort_request (with that Secret's key as
@@ -45,15 +45,11 @@ from pdwarden.constants import (
     ROLE_DECODE,
     ROLE_PREFILL,
 )
-from pdwarden.detection import Detection, detect
 from pdwarden.k8s import ApiError
-from pdwarden.ledger import Outcome, breaker_reset_at, ledger_entry, merge_history, missing_from
-from pdwarden.pod_views import DeploymentMemory, WorkerPod, pod_views, remember
-from pdwarden.policy_actions import CordonCheck, cordon_check, label_patch, record_eviction
-from pdwarden.policy_observe import as_deployment_status, policy_cycle_status
-from pdwarden.policy_scope import ForeignPod, Scope, decode_pods_for_plan, foreign_pod, select
 from pdwarden.ports import ForeignPodApi, KubeApi, WorkerApi
-from pdwarden.remediate_common import (
+from pdwarden.remediation.act.foreign import label_patch, record_eviction
+from pdwarden.remediation.act.sglang import PrefillAborter, SGLangAdmin
+from pdwarden.remediation.common import (
     announce_new_wedges,
     execute,
     now_utc,
@@ -61,11 +57,28 @@ from pdwarden.remediate_common import (
     scrape_all,
     why,
 )
-from pdwarden.remediation import Action, DecodePod, Plan, plan
-from pdwarden.scraping import Target
-from pdwarden.sglang_admin import PrefillAborter, SGLangAdmin
+from pdwarden.remediation.detect.rules import Detection, detect
+from pdwarden.remediation.policy.cordon import CordonCheck, cordon_check
+from pdwarden.remediation.policy.plan import Action, DecodePod, Plan, plan
+from pdwarden.remediation.policy.scope import (
+    ForeignPod,
+    Scope,
+    decode_pods_for_plan,
+    foreign_pod,
+    select,
+)
+from pdwarden.remediation.record.ledger import (
+    Outcome,
+    breaker_reset_at,
+    ledger_entry,
+    merge_history,
+    missing_from,
+)
+from pdwarden.remediation.record.policy_status import as_deployment_status, policy_cycle_status
+from pdwarden.remediation.scrape.client import Target
+from pdwarden.remediation.views import DeploymentMemory, WorkerPod, pod_views, remember
 
-log = logging.getLogger("pdwarden.remediate_policy")
+log = logging.getLogger("pdwarden.remediation.policy_cycle")
 
 
 @dataclass

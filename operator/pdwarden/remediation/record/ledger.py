@@ -2,7 +2,7 @@
 
 Why pure: the ledger is the operator's durable memory (cooldowns and the circuit breaker read
 it after a restart or a failover), and the conditions are what users read first. Building them
-is a function of plain data here, unit-tested without a client; `remediate` only performs the
+is a function of plain data here, unit-tested without a client; `cycle` only performs the
 actions and hands the outcomes in. The merge functions at the end keep two writers (two replicas
 after a failover, or reconcile and remediation) from erasing each other's entries.
 """
@@ -13,7 +13,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final, Literal
 
-from pdwarden import sanitize
 from pdwarden.api import (
     CordonRecord,
     LedgerEntry,
@@ -33,8 +32,9 @@ from pdwarden.api.status import (
 )
 from pdwarden.conditions import phase_of, set_condition
 from pdwarden.constants import ANNOTATION_RESET_BREAKER
-from pdwarden.detection import Detection, Finding
-from pdwarden.remediation import Action, DecodePod, Plan, breaker
+from pdwarden.remediation.detect.rules import Detection, Finding
+from pdwarden.remediation.policy.plan import Action, DecodePod, Plan, breaker
+from pdwarden.remediation.scrape import sanitize
 
 Outcome = Literal["Succeeded", "Failed", "Skipped"]
 SUSPENDED: Final = "RemediationSuspended"

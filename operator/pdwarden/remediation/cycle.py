@@ -1,6 +1,6 @@
 """One scrape-detect-remediate cycle for a PDDeployment: the imperative shell of remediation.
 
-Why: detection, policy and record-keeping are pure (`pod_views`, `detection`, `remediation`,
+Why: detection, policy and record-keeping are pure (`views`, `detect`, `policy`,
 `ledger`); this module only fetches their inputs (our pods from the API server, samples from
 the workers), performs the plan (admin API, pod conditions, pod deletes) and posts Events. Every
 error is contained where it happens: one pod's scrape, one action, one Event; an action's ledger
@@ -29,16 +29,29 @@ from pdwarden.constants import (
     ROLE_PREFILL,
     WORKER_PORT,
 )
-from pdwarden.detection import Detection, detect
-from pdwarden.ledger import (
+from pdwarden.ownership import Workloads, owned_chain, selector
+from pdwarden.ports import KubeApi, WorkerApi
+from pdwarden.remediation.act.sglang import PrefillAborter, SGLangAdmin
+from pdwarden.remediation.common import (
+    announce_new_wedges,
+    execute,
+    iso,
+    now_utc,
+    report_action,
+    scrape_all,
+    why,
+)
+from pdwarden.remediation.detect.rules import Detection, detect
+from pdwarden.remediation.policy.plan import Action, Plan, plan
+from pdwarden.remediation.record.ledger import (
     breaker_reset_at,
     cycle_status,
     ledger_entry,
     merge_history,
     missing_from,
 )
-from pdwarden.ownership import Workloads, owned_chain, selector
-from pdwarden.pod_views import (
+from pdwarden.remediation.scrape.client import Target
+from pdwarden.remediation.views import (
     WORKER_ROLES,
     DeploymentMemory,
     WorkerPod,
@@ -48,23 +61,10 @@ from pdwarden.pod_views import (
     scrape_targets,
     stale_pods,
 )
-from pdwarden.ports import KubeApi, WorkerApi
-from pdwarden.remediate_common import (
-    announce_new_wedges,
-    execute,
-    iso,
-    now_utc,
-    report_action,
-    scrape_all,
-    why,
-)
-from pdwarden.remediation import Action, Plan, plan
 from pdwarden.render import Owner, names
-from pdwarden.scraping import Target
-from pdwarden.sglang_admin import PrefillAborter, SGLangAdmin
 from pdwarden.tokens import derive_token
 
-log = logging.getLogger("pdwarden.remediate")
+log = logging.getLogger("pdwarden.remediation.cycle")
 CORDON_REASON = "Cordoned"
 
 

@@ -1,0 +1,69 @@
+"""What the kopf handlers of PDRemediationPolicy do, as plain async functions (main.py registers).
+
+Why separate from deployment.py: a policy has no reconcile pass, only its remediation daemon,
+and its own status model and memory; sharing the process-wide clients is all it needs of the
+PDDeployment side. Its cycle is the same one (`handlers.cycle`): every pass over one policy is
+serialized and every error is contained: a failed cycle is logged and counted (metric
+pdwarden_operator_errors, stage "policy_cycle") and the next one runs on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdwarden import metrics
+from pdwarden.api import PDRemediationPolicyStatus, parse_policy_spec
+from pdwarden.handlers.cycle import daemon_cycle, names
+from pdwarden.ports import ForeignPodApi, KubeApi, WorkerApi
+from pdwarden.remediation.act.sglang import PrefillAborter
+from pdwarden.remediation.policy_cycle import PolicyRemediator, effective_policy_spec
+from pdwarden.remediation.record.store import POLICY, StatusCache
+
+
+@dataclass
+class PolicyState:
+    """Process-wide state of the policy path, kept in kopf's memo next to OperatorState."""
+
+    client: KubeApi
+    workers: WorkerApi
+    foreign: ForeignPodApi
+    global_dry_run: bool = False
+    sglang: PrefillAborter | None = None
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    statuses: StatusCache[PDRemediationPolicyStatus] = field(init=False)
+    remediator: PolicyRemediator = field(init=False)
+    # Finished cycles per policy UID: progress a test can wait for before asserting that
+    # nothing happened.
+    cycles: Counter[str] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self.statuses = StatusCache(POLICY, self.client)
+        self.remediator = PolicyRemediator(self.client, self.workers, self.foreign, self.sglang)
+
+    def lock_for(self, uid: str) -> asyncio.Lock:
+        return self.locks.setdefault(uid, asyncio.Lock())
+
+
+async def policy_cycle(state: PolicyState, body: Mapping[str, Any]) -> float:
+    """One cycle of one policy; returns the seconds until the next. Never raises (except
+    cancellation)."""
+    return await daemon_cycle(
+        state, body, lambda: effective_policy_spec(body, state.global_dry_run),
+        parse=parse_policy_spec, stage="policy_cycle", what="policy cycle",
+        counter=metrics.POLICY_CYCLES,
+    )  # fmt: skip
+
+
+def forget_policy(state: PolicyState, body: Mapping[str, Any]) -> None:
+    uid = str(body["metadata"]["uid"])
+    state.locks.pop(uid, None)
+    state.statuses.forget(uid)
+    state.cycles.pop(uid, None)
+    state.remediator.forget(uid)
+    with contextlib.suppress(KeyError):
+        metrics.POLICY_CYCLES.remove(*names(body))
