@@ -18,11 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdwarden import metrics
-from pdwarden.api import parse_policy_spec
+from pdwarden.api import InvalidSpec, parse_policy_spec
 from pdwarden.constants import ANNOTATION_RESET_BREAKER, API_VERSION, POLICY_KIND
 from pdwarden.k8s import ApiError
+from pdwarden.k8s.events import post_event
+from pdwarden.policy_observe import inactive_status
 from pdwarden.policy_status_store import PolicyStatusCache, write
 from pdwarden.ports import ForeignPodApi, KubeApi, WorkerApi
+from pdwarden.remediate_common import now_utc
 from pdwarden.remediate_policy import PolicyRemediator, effective_policy_spec
 from pdwarden.sglang_admin import PrefillAborter
 
@@ -74,6 +77,7 @@ async def policy_cycle(state: PolicyState, body: Mapping[str, Any]) -> float:
     try:
         spec = effective_policy_spec(body, state.global_dry_run)
         if spec is None:
+            await report_inactive(state, body)
             return IDLE_INTERVAL
         async with state.lock_for(uid):
             previous = await state.statuses.current(body)
@@ -101,6 +105,26 @@ async def policy_cycle(state: PolicyState, body: Mapping[str, Any]) -> float:
     finally:
         state.cycles[uid] += 1
         metrics.POLICY_CYCLES.labels(namespace, name).inc()
+
+
+async def report_inactive(state: PolicyState, body: Mapping[str, Any]) -> None:
+    """Mode Off or an invalid spec: no cycle runs, and the status says which (written only on
+    change); an invalid spec also gets a Warning Event when its status first says so."""
+    uid = str(body["metadata"]["uid"])
+    namespace, name = _names(body)
+    try:
+        parse_policy_spec(body.get("spec") or {})
+        invalid = None
+    except InvalidSpec as e:
+        invalid = f"invalid spec: {e}"
+    async with state.lock_for(uid):
+        previous = await state.statuses.current(body)
+        status = inactive_status(previous.status, invalid=invalid, now=now_utc(),
+                                 generation=body["metadata"].get("generation"))  # fmt: skip
+        known = await write(state.client, namespace, name, base=previous, new=status)
+        state.statuses.remember(uid, known)
+        if invalid is not None and known.status != previous.status:
+            await post_event(state.client, dict(body), "InvalidSpec", invalid, "Warning")
 
 
 def forget_policy(state: PolicyState, body: Mapping[str, Any]) -> None:
