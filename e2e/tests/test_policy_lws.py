@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from e2e.fixtures import Cluster, OperatorProcess
 from e2e.lws import LABEL_GROUP_INDEX, LABEL_LWS_NAME, LABEL_WORKER_INDEX, LwsController
-from e2e.pdtools import pod_condition
+from e2e.pdtools import get_json, pod_condition
 from e2e.policy_pool import WEDGE_AFTER, Pool, foreign_pool, open_namespace, start_pool
 
 from pdwarden.constants import LABEL_SERVING
@@ -109,9 +109,8 @@ def group_of(pool: Pool, leader: dict[str, Any]) -> dict[str, str]:
     """name -> uid of the leader's whole group (leader and workers), by LWS's group-index."""
     index = leader["metadata"]["labels"][LABEL_GROUP_INDEX]
     sel = f"{LABEL_LWS_NAME}={APP}-decode,{LABEL_GROUP_INDEX}={index}"
-    items = pool.cluster.kubectl("get", "pods", "-n", pool.ns, "-l", sel, "-o", "name").stdout
-    names = [n.removeprefix("pod/") for n in items.split()]
-    return {n: pool.pod(n)["metadata"]["uid"] for n in names}
+    items = (get_json(pool.cluster, pool.ns, "pods", "-l", sel) or {}).get("items") or []
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in items}
 
 
 def victim_of(pool: Pool) -> dict[str, Any]:
