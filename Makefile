@@ -32,8 +32,9 @@ types: $(STAMP)  ## mypy (strict on the operator)
 imports: $(STAMP)  ## import-linter layer contracts
 	$(BIN)/lint-imports
 
-cluster-bin:  ## build (or reuse) the Go control-plane binaries in ~/.cache/pdwarden
+cluster-bin:  ## build (or reuse) the Go control-plane binaries and LWS's controller in ~/.cache/pdwarden
 	@e2e/cluster/build.sh >/dev/null
+	@e2e/cluster/build-lws.sh >/dev/null
 
 test: lint types imports cluster-bin  ## lint, types, import contracts and the whole pytest suite
 	$(BIN)/python -m pytest

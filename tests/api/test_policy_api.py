@@ -53,13 +53,16 @@ def test_both_policy_examples_exist_and_parse() -> None:
 
 
 def test_lws_example_selects_group_leaders_of_each_role() -> None:
+    """On the labels LWS's pod webhook sets, as e2e/tests/test_policy_lws.py runs them."""
     spec = parse_policy_spec(EXAMPLES["policy-lws.yaml"]["spec"])
-    leader = {"disaggregatedset.x-k8s.io/name": "llama",
-              "leaderworkerset.sigs.k8s.io/worker-index": "0"}  # fmt: skip
-    worker = {**leader, "leaderworkerset.sigs.k8s.io/worker-index": "1"}
-    assert spec.prefill_selector.matches({**leader, "disaggregatedset.x-k8s.io/role": "prefill"})
-    assert spec.decode_selector.matches({**leader, "disaggregatedset.x-k8s.io/role": "decode"})
-    assert not spec.decode_selector.matches({**worker, "disaggregatedset.x-k8s.io/role": "decode"})
+    name, index = "leaderworkerset.sigs.k8s.io/name", "leaderworkerset.sigs.k8s.io/worker-index"
+    for sel in (spec.prefill_selector, spec.decode_selector):
+        assert set(sel.match_labels) == {name, index} and sel.match_labels[index] == "0"
+    leader = {index: "0", "leaderworkerset.sigs.k8s.io/group-index": "1"}
+    assert spec.prefill_selector.matches({**leader, name: "llama-prefill"})
+    assert spec.decode_selector.matches({**leader, name: "llama-decode"})
+    assert not spec.decode_selector.matches({**leader, name: "llama-prefill"})
+    assert not spec.decode_selector.matches({name: "llama-decode", index: "1"})
 
 
 def test_a_new_policy_is_dry_run_while_a_pddeployment_enforces() -> None:

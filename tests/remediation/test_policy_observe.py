@@ -1,4 +1,5 @@
-"""A policy's selection status: pod counts, refusals, Conflict and CordonUnavailable (pure)."""
+"""A policy's selection status: pod counts, refusals, Conflict and CordonUnavailable; and the
+status of a policy that runs no cycles (mode Off, an invalid spec). Pure."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pdwarden.api import (
 )
 from pdwarden.remediation.policy.cordon import cordon_check
 from pdwarden.remediation.policy.scope import ForeignPod, foreign_pod, select
-from pdwarden.remediation.record.policy_status import selection_status
+from pdwarden.remediation.record.policy_status import inactive_status, selection_status
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 SPEC = parse_policy_spec({
@@ -100,3 +101,20 @@ def test_other_status_fields_are_left_to_the_remediation_pass() -> None:
     assert next(c for c in got.conditions if c.type == "CordonUnavailable").reason == (
         "ServiceNotFound"
     )
+
+
+def test_an_inactive_policy_says_why_and_stays_put() -> None:
+    before = status({}, {"app": "sg"}, PDRemediationPolicyStatus(), T0)
+    off = inactive_status(before, invalid=None, now=T0, generation=4)
+    by_type = {c.type: c for c in off.conditions}
+    assert (by_type["RemediationSuspended"].status, by_type["RemediationSuspended"].reason) == (
+        "True", "ModeOff")  # fmt: skip
+    assert by_type["Ready"].status == "False" and by_type["Wedged"].status == "Unknown"
+    assert "Degraded" not in by_type and off.observed_generation == 4
+    assert off.prefill == before.prefill  # the last counts stay, for `kubectl get pdrp`
+    assert inactive_status(off, invalid=None, now=T0 + timedelta(minutes=5), generation=4) == off
+    bad = inactive_status(before, invalid="invalid spec: engine: bad", now=T0, generation=5)
+    degraded = next(c for c in bad.conditions if c.type == "Degraded")
+    assert (degraded.status, degraded.reason, degraded.message) == (
+        "True", "InvalidSpec", "invalid spec: engine: bad")  # fmt: skip
+    assert parse_policy_status(to_wire(bad)) == bad

@@ -392,6 +392,32 @@ def test_dry_run_never_uncordons() -> None:
     assert run(Detection(), pods(4, cordoned={"d-2": 300}), history, mode="DryRun").actions == ()
 
 
+def test_dry_run_reports_cordon_and_restart_once_per_wedge() -> None:
+    """DryRun restarts nothing, so the stalled pod is still stalled after the decided restart:
+    the virtual cordon holds through it and nothing is decided again (it used to cordon and
+    restart the same pod on paper every restartAfterSeconds)."""
+    history = [entry("CordonDecode", "d-2", 61, dry_run=True)]
+    assert kinds(run(stalled("d-2"), pods(4), history, mode="DryRun")) == [("RestartDecode", "d-2")]
+    history.append(entry("RestartDecode", "d-2", 1, dry_run=True))
+    for later in (0, 60, 600):  # however long the same wedge lasts
+        at = [e.model_copy(update={"time": e.time - timedelta(seconds=later)}) for e in history]
+        p = run(stalled("d-2"), pods(4), at, mode="DryRun", cooldown_seconds=0)
+        assert p.actions == () and p.held_back == (), later
+
+
+def test_dry_run_ends_the_virtual_cordon_once_the_pod_is_healthy() -> None:
+    """The wedge cleared: a DryRun uncordon is recorded once, and a new stall is a new report."""
+    history = [entry("CordonDecode", "d-2", 300, dry_run=True),
+               entry("RestartDecode", "d-2", 200, dry_run=True)]  # fmt: skip
+    healthy = Detection(healthy_decodes=frozenset({"d-2"}))
+    p = run(healthy, pods(4), history, mode="DryRun")
+    assert p.dry_run and kinds(p) == [("UncordonDecode", "d-2")]
+    history.append(entry("UncordonDecode", "d-2", 100, dry_run=True))
+    assert run(healthy, pods(4), history, mode="DryRun").actions == ()
+    p = run(stalled("d-2"), pods(4), history, mode="DryRun", cooldown_seconds=0)
+    assert kinds(p) == [("CordonDecode", "d-2")]
+
+
 def test_dry_run_does_not_repeat_fail_rooms_for_the_same_wedge() -> None:
     """DryRun fails nothing, so the wedge is still there next cycle: report it once, and do
     not count it as a repeat offence that would cordon its decode peer."""

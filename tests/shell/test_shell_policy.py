@@ -405,3 +405,75 @@ def test_the_breaker_reset_annotation_is_removed_once_the_reset_is_written(
     obj = kube.obj(POLICY_KIND, "ns", "sgl")
     assert ANNOTATION_RESET_BREAKER not in (obj["metadata"].get("annotations") or {})
     assert obj["status"]["remediation"]["breakerResetAt"]
+
+
+def test_a_policy_in_mode_off_says_so_in_status(kube: KubeFake, workers: StallingWorkers) -> None:
+    """Off runs no cycle, but the status says remediation is off (it used to stay empty), and
+    what an earlier mode left (wedges, Wedged=True) is no longer claimed."""
+    policy(kube, mode="DryRun")
+    workers.stuck("sgl-prefill-0", "sgl-decode-1", 7)
+    state, foreign = make_state(kube, workers)
+    cycle(state, kube)
+    assert condition(kube, "Wedged")["status"] == "True"
+    kube.objects[(POLICY_KIND, "ns", "sgl")]["spec"]["remediation"]["mode"] = "Off"
+    cycle(state, kube)
+    off = condition(kube, "RemediationSuspended")
+    assert off["status"] == "True" and off["reason"] == "ModeOff"
+    assert "Off" in off["message"]
+    assert condition(kube, "Ready")["status"] == "False"
+    assert condition(kube, "Wedged")["status"] == "Unknown"
+    assert status(kube)["wedges"] == [] and status(kube)["wedgedRooms"] == 0
+    assert foreign.evicted == [] and workers.failed == {}
+    written = kube.obj(POLICY_KIND, "ns", "sgl")["metadata"]["resourceVersion"]
+    cycle(state, kube)  # nothing changed: no write
+    assert kube.obj(POLICY_KIND, "ns", "sgl")["metadata"]["resourceVersion"] == written
+    kube.objects[(POLICY_KIND, "ns", "sgl")]["spec"]["remediation"]["mode"] = "DryRun"
+    cycle(state, kube)
+    assert condition(kube, "RemediationSuspended")["status"] == "False"
+    assert condition(kube, "Ready")["status"] == "True"
+
+
+def test_an_invalid_policy_says_why_in_status_and_an_event(
+    kube: KubeFake, workers: StallingWorkers
+) -> None:
+    """A spec that slipped past the schema gets Degraded/InvalidSpec with the parser's reason
+    and one Warning Event, like a PDDeployment's; fixing it clears Degraded."""
+    policy(kube, mode="Enforce", engine="vllm")
+    state, foreign = make_state(kube, workers)
+    cycle(state, kube)
+    bad = condition(kube, "Degraded")
+    assert bad["status"] == "True" and bad["reason"] == "InvalidSpec"
+    assert "engine" in bad["message"]
+    assert condition(kube, "Ready")["reason"] == "InvalidSpec"
+    cycle(state, kube)
+    warnings = [e for e in kube.events if e["reason"] == "InvalidSpec"]
+    assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
+    assert foreign.evicted == [] and workers.failed == {}
+    kube.objects[(POLICY_KIND, "ns", "sgl")]["spec"]["engine"] = "pdworker"
+    cycle(state, kube)
+    fixed = condition(kube, "Degraded")
+    assert fixed["status"] == "False" and fixed["reason"] == "SpecValid"
+    assert status(kube)["decode"]["matched"] == 3
+
+
+def test_dry_run_records_a_stalled_decode_once_per_wedge(
+    kube: KubeFake, workers: StallingWorkers
+) -> None:
+    """In DryRun the stalled pod stays stalled after the decided restart; it is recorded (ledger
+    and Event) once, not again every restartAfterSeconds."""
+    policy(kube, mode="DryRun")
+    workers.stalled.add("sgl-decode-1")
+    kube.objects[(POLICY_KIND, "ns", "sgl")]["status"] = {"remediation": {"history": [
+        history_entry("CordonDecode", "sgl-decode-1", 30, dryRun=True),
+        history_entry("RestartDecode", "sgl-decode-1", 15, dryRun=True)]}}  # fmt: skip
+    state, foreign = make_state(kube, workers)
+    now, inc = time.monotonic(), workers.incarnation("sgl-decode-1")
+    seed(state, kube, "sgl-decode-1", [stalled_sample(now - 12, inc), stalled_sample(now - 6, inc)])
+    for _ in range(3):
+        cycle(state, kube)
+    assert ledger(kube) == [
+        ("CordonDecode", "sgl-decode-1", "Succeeded", True),
+        ("RestartDecode", "sgl-decode-1", "Succeeded", True),
+    ]
+    assert not [e for e in kube.events if e["reason"].startswith("DryRun")]
+    assert label(kube, "sgl-decode-1") == "true" and foreign.evicted == []

@@ -158,14 +158,18 @@ async def daemon_cycle(
     stage: str,
     what: str,
     counter: MetricCounter,
+    idle: Callable[[], Awaitable[None]] | None = None,
 ) -> float:
-    """One daemon cycle of one object: the spec it runs with (`spec_of()`; None = nothing to do,
-    come back after the idle interval), then, under the object's lock, `record_cycle`; all of it
-    `contained`. Returns the seconds until the next cycle."""
+    """One daemon cycle of one object: the spec it runs with (`spec_of()`; None = nothing to do:
+    `idle()` reports why, and the next cycle comes after the idle interval), then, under the
+    object's lock, `record_cycle`; all of it `contained`. Returns the seconds until the next
+    cycle."""
 
     async def run() -> float:
         spec = spec_of()
         if spec is None:
+            if idle is not None:
+                await idle()
             return IDLE_INTERVAL
         async with state.lock_for(str(body["metadata"]["uid"])):
             await record_cycle(state.client, state.statuses, state.remediator, body, spec)

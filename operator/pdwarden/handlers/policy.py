@@ -17,12 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdwarden import metrics
-from pdwarden.api import PDRemediationPolicyStatus, parse_policy_spec
+from pdwarden.api import InvalidSpec, PDRemediationPolicyStatus, parse_policy_spec
 from pdwarden.handlers.cycle import daemon_cycle, names
+from pdwarden.k8s.events import post_event
 from pdwarden.ports import ForeignPodApi, KubeApi, WorkerApi
 from pdwarden.remediation.act.sglang import PrefillAborter
+from pdwarden.remediation.common import now_utc
 from pdwarden.remediation.policy_cycle import PolicyRemediator, effective_policy_spec
-from pdwarden.remediation.record.store import POLICY, StatusCache
+from pdwarden.remediation.record.policy_status import inactive_status
+from pdwarden.remediation.record.store import POLICY, StatusCache, write
 
 
 @dataclass
@@ -55,8 +58,28 @@ async def policy_cycle(state: PolicyState, body: Mapping[str, Any]) -> float:
     return await daemon_cycle(
         state, body, lambda: effective_policy_spec(body, state.global_dry_run),
         parse=parse_policy_spec, stage="policy_cycle", what="policy cycle",
-        counter=metrics.POLICY_CYCLES,
+        counter=metrics.POLICY_CYCLES, idle=lambda: report_inactive(state, body),
     )  # fmt: skip
+
+
+async def report_inactive(state: PolicyState, body: Mapping[str, Any]) -> None:
+    """Mode Off or an invalid spec: no cycle runs, and the status says which (written only on
+    change); an invalid spec also gets a Warning Event when its status first says so."""
+    uid = str(body["metadata"]["uid"])
+    namespace, name = names(body)
+    try:
+        parse_policy_spec(body.get("spec") or {})
+        invalid = None
+    except InvalidSpec as e:
+        invalid = f"invalid spec: {e}"
+    async with state.lock_for(uid):
+        previous = await state.statuses.current(body)
+        status = inactive_status(previous.status, invalid=invalid, now=now_utc(),
+                                 generation=body["metadata"].get("generation"))  # fmt: skip
+        known = await write(POLICY, state.client, namespace, name, base=previous, new=status)
+        state.statuses.remember(uid, known)
+        if invalid is not None and known.status != previous.status:
+            await post_event(state.client, dict(body), "InvalidSpec", invalid, "Warning")
 
 
 def forget_policy(state: PolicyState, body: Mapping[str, Any]) -> None:

@@ -135,9 +135,18 @@ def _last_action_on(history: Sequence[LedgerEntry], pod: str, dry_run: bool) -> 
 
 
 def _virtual_cordon(history: Sequence[LedgerEntry], pod: str) -> datetime | None:
-    """In DryRun nothing is cordoned: the time of the recorded decision stands in for it."""
-    entry = _last_action_on(history, pod, dry_run=True)
-    return entry.time if entry and entry.action == "CordonDecode" else None
+    """In DryRun nothing is cordoned: the time of the recorded decision stands in for it, through
+    the DryRun restart decided during it, until a DryRun uncordon (the pod was healthy for a full
+    window). So a stalled pod's cordon and restart are each reported once per wedge, not again
+    every restartAfterSeconds."""
+    for e in reversed(history):
+        if e.pod != pod or not e.dry_run or e.outcome == "Failed":
+            continue
+        if e.action == "CordonDecode":
+            return e.time
+        if e.action == "UncordonDecode":
+            return None
+    return None
 
 
 def _failed_rooms_for(
@@ -369,7 +378,6 @@ def plan(
         elif (
             name in detection.healthy_decodes
             and name not in detection.implicated_decodes()
-            and not dry_run
             and not cooling(name)
         ):
             actions.append(Action("UncordonDecode", name, "healthy for a full window", uid=d.uid))

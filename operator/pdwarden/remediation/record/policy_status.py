@@ -95,6 +95,42 @@ def selection_status(
     )
 
 
+def inactive_status(
+    previous: PDRemediationPolicyStatus,
+    *,
+    invalid: str | None,
+    now: datetime,
+    generation: int | None,
+) -> PDRemediationPolicyStatus:
+    """The status of a policy that runs no cycles, saying why: mode Off (RemediationSuspended,
+    reason ModeOff) or a spec that slipped past the schema (`invalid`, the parser's message:
+    Degraded, reason InvalidSpec, as for a PDDeployment). Either way Ready is False and Wedged
+    Unknown (nothing is scraped), and wedges and holds from earlier cycles are dropped: they are
+    no longer watched."""
+    if invalid is None:
+        reason = "ModeOff"
+        message = "spec.remediation.mode is Off: the selected pods are neither scraped nor acted on"
+        suspended: PolicyConditionType = "RemediationSuspended"
+    else:
+        reason, message, suspended = "InvalidSpec", invalid, "Degraded"
+    conditions = list(previous.conditions)
+    values: tuple[tuple[PolicyConditionType, bool | None], ...] = (
+        (suspended, True), ("Ready", False), ("Wedged", None),
+    )  # fmt: skip
+    for type_, value in values:
+        conditions = _set(conditions, type_, value, reason=reason, message=message, now=now,
+                          generation=generation)  # fmt: skip
+    return previous.model_copy(
+        update={
+            "observed_generation": generation,
+            "conditions": conditions,
+            "wedges": [],
+            "wedged_rooms": 0,
+            "held_back": [],
+        }
+    )
+
+
 # -- after remediation: the PDDeployment's status logic, on the policy's status ----------------
 
 
@@ -170,6 +206,9 @@ def policy_cycle_status(
         ),
         now=now, generation=generation,
     )  # fmt: skip
+    if any(c.type == "Degraded" for c in conditions):  # left by an invalid spec, now fixed
+        conditions = _set(conditions, "Degraded", False, reason="SpecValid",
+                          message="the spec is valid", now=now, generation=generation)  # fmt: skip
     out = previous.model_copy(
         update={
             "conditions": conditions,
