@@ -217,3 +217,22 @@ def start_pool(
     for obj in foreign_pool(ns, app, **overrides) if objects is None else objects:
         apply(cluster, ns, obj)
     return token
+
+
+def hand_cordoned_pod_is_uncordoned(pool: Pool) -> None:
+    """The scenario both owners share: a decode pod cordoned by hand (the label set to false) is
+    uncordoned by an Enforce policy after a healthy window, in place (same uid, no restart)."""
+    pool.wait_ready()
+    pool.apply_policy(mode="Enforce")
+    pod = pool.pods("decode")[0]
+    name = pod["metadata"]["name"]
+    pool.cluster.kubectl("label", "pod", name, "-n", pool.ns, f"{LABEL_SERVING}=false",
+                         "--overwrite")  # fmt: skip
+
+    def uncordoned() -> bool:
+        return pool.pod(name)["metadata"]["labels"].get(LABEL_SERVING) == "true"
+
+    pool.cluster.wait_until("the uncordon after a healthy window", uncordoned, WEDGE_AFTER + 30)
+    last = [e for e in pool.ledger() if e["pod"] == name][-1]
+    assert last["action"] == "UncordonDecode" and last["outcome"] == "Succeeded"
+    assert pool.pod(name)["metadata"]["uid"] == pod["metadata"]["uid"]

@@ -27,7 +27,14 @@ import pytest
 from e2e.fixtures import Cluster, OperatorProcess
 from e2e.lws import LABEL_GROUP_INDEX, LABEL_LWS_NAME, LABEL_WORKER_INDEX, LwsController
 from e2e.pdtools import get_json, pod_condition
-from e2e.policy_pool import WEDGE_AFTER, Pool, foreign_pool, open_namespace, start_pool
+from e2e.policy_pool import (
+    WEDGE_AFTER,
+    Pool,
+    foreign_pool,
+    hand_cordoned_pod_is_uncordoned,
+    open_namespace,
+    start_pool,
+)
 
 from pdwarden.constants import LABEL_SERVING
 
@@ -191,17 +198,4 @@ def test_enforce_evicts_the_stalled_leader_and_lws_recreates_its_group(pool: Poo
 
 
 def test_a_cordoned_leader_is_uncordoned_after_a_healthy_window(pool: Pool) -> None:
-    pool.wait_ready()
-    pool.apply_policy(mode="Enforce")
-    pod = pool.pods("decode")[0]
-    name = pod["metadata"]["name"]
-    pool.cluster.kubectl("label", "pod", name, "-n", pool.ns, f"{LABEL_SERVING}=false",
-                         "--overwrite")  # fmt: skip
-
-    def uncordoned() -> bool:
-        return pool.pod(name)["metadata"]["labels"].get(LABEL_SERVING) == "true"
-
-    pool.cluster.wait_until("the uncordon after a healthy window", uncordoned, WEDGE_AFTER + 30)
-    last = [e for e in pool.ledger() if e["pod"] == name][-1]
-    assert last["action"] == "UncordonDecode" and last["outcome"] == "Succeeded"
-    assert pool.pod(name)["metadata"]["uid"] == pod["metadata"]["uid"]
+    hand_cordoned_pod_is_uncordoned(pool)

@@ -30,6 +30,7 @@ from e2e.policy_pool import (
     RESTART_AFTER,
     WEDGE_AFTER,
     Pool,
+    hand_cordoned_pod_is_uncordoned,
     open_namespace,
     policy_doc,
     start_pool,
@@ -169,20 +170,7 @@ def test_a_pdb_that_forbids_the_eviction_is_honoured(pool: Pool) -> None:
 
 
 def test_a_cordoned_pod_is_uncordoned_after_a_healthy_window(pool: Pool) -> None:
-    pool.wait_ready()
-    pool.apply_policy(mode="Enforce")
-    pod = pool.pods("decode")[0]
-    name = pod["metadata"]["name"]
-    pool.cluster.kubectl("label", "pod", name, "-n", pool.ns, f"{LABEL_SERVING}=false",
-                         "--overwrite")  # fmt: skip
-
-    def uncordoned() -> bool:
-        return pool.pod(name)["metadata"]["labels"].get(LABEL_SERVING) == "true"
-
-    pool.cluster.wait_until("the uncordon after a healthy window", uncordoned, WEDGE_AFTER + 30)
-    last = [e for e in pool.ledger() if e["pod"] == name][-1]
-    assert last["action"] == "UncordonDecode" and last["outcome"] == "Succeeded"
-    assert pool.pod(name)["metadata"]["uid"] == pod["metadata"]["uid"]
+    hand_cordoned_pod_is_uncordoned(pool)
 
 
 def test_two_policies_over_one_pod_are_both_refused(pool: Pool) -> None:
