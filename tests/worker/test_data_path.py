@@ -128,6 +128,21 @@ def _prefill(hub: Hub, log: list[str], chunk_pages: int) -> tuple[PrefillWorker,
     return worker, pool
 
 
+async def _start_room(
+    worker: PrefillWorker, room: int, ids: list[int], dest: list[int]
+) -> asyncio.Future[dict[str, Any]]:
+    """Start the worker, give it a decode peer and bind one room to `dest` (its forward starts)."""
+    await worker.start()
+    worker.transport.add_peer("decode", b"decode", [], "DRAM")
+    worker.peers["decode"] = DecodePeer("decode", Peer("d", "d:1", "d-1"), 64, time.monotonic())
+    worker.table.create(room, "bootstrap", time.monotonic())
+    worker.work[room] = RoomWork(ids=ids)
+    result: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    worker.waiters[room] = result
+    assert worker._bind(room, Binding("decode", dest, time.monotonic())) is None
+    return result
+
+
 def test_prefill_posts_each_chunk_once_after_its_fence_and_decode_gets_exact_kv() -> None:
     hub, log = Hub(), []
     worker, pool = _prefill(hub, log, chunk_pages=2)
@@ -137,14 +152,7 @@ def test_prefill_posts_each_chunk_once_after_its_fence_and_decode_gets_exact_kv(
     room, dest = 77, [60, 61, 62, 10, 11, 12, 13, 40]
 
     async def main() -> None:
-        await worker.start()
-        worker.transport.add_peer("decode", b"decode", [], "DRAM")
-        worker.peers["decode"] = DecodePeer("decode", Peer("d", "d:1", "d-1"), 64, time.monotonic())
-        worker.table.create(room, "bootstrap", time.monotonic())
-        worker.work[room] = RoomWork(ids=ids)
-        result = asyncio.get_running_loop().create_future()
-        worker.waiters[room] = result
-        assert worker._bind(room, Binding("decode", dest, time.monotonic())) is None
+        result = await _start_room(worker, room, ids, dest)
         answer = await asyncio.wait_for(result, 30)
         assert answer["ok"] and answer["kv_bytes"] == 8 * CFG.page_bytes, answer
         await worker.stop()
@@ -308,14 +316,7 @@ def test_a_room_of_many_chunks_keeps_at_most_the_bound_in_flight_and_all_land() 
     worker.transport.before_copy = before_copy  # type: ignore[attr-defined]
 
     async def main() -> None:
-        await worker.start()
-        worker.transport.add_peer("decode", b"decode", [], "DRAM")
-        worker.peers["decode"] = DecodePeer("decode", Peer("d", "d:1", "d-1"), 64, time.monotonic())
-        worker.table.create(room, "bootstrap", time.monotonic())
-        worker.work[room] = RoomWork(ids=ids)
-        result = asyncio.get_running_loop().create_future()
-        worker.waiters[room] = result
-        assert worker._bind(room, Binding("decode", dest, time.monotonic())) is None
+        result = await _start_room(worker, room, ids, dest)
         # The forward runs ahead of the stuck WRITEs only up to the bound.
         assert await wait_until(lambda: log.count("submit") == bound, 30)
         assert worker.work[room].pending + worker.work[room].writing == bound
