@@ -95,6 +95,7 @@ class RoomWork:
     wire_since: float = 0.0
     wire_seconds: float = 0.0
     forward_seconds: float = 0.0  # compute-thread time of this room's chunks (forward, scatter)
+    slot: asyncio.Event = field(default_factory=asyncio.Event)  # a chunk of the room finished
     meta: builtins.bytes | None = None  # set with the last chunk: first token and KV checksum
     decode_aborted: bool = False
     result: dict[str, Any] = field(default_factory=dict)
@@ -276,9 +277,9 @@ class PrefillWorker:
                         await asyncio.sleep(cfg.prefill_chunk_ms / 1000)  # a real model's forward
                     # Chunk n+1 is computed while chunk n's WRITE is in flight; at most
                     # CHUNKS_IN_FLIGHT_PER_ROOM of a room's chunks wait for or are on the wire.
-                    if not await self._chunk_slot(work):
+                    if not await self._chunk_slot(room, work):
                         self.table.fail(room, "transfer_error", mono(), "earlier chunks stalled")
-                        return
+                        return  # a no-op fail if the room had failed already
                     last = index == len(chunks) - 1
                     ids = work.ids[index * span : (index + 1) * span]
                     # Forward, page scatter and the KV fingerprint run on a compute thread (a CUDA
@@ -349,14 +350,23 @@ class PrefillWorker:
         fence = self.ordering.fence()
         return fence, result, time.perf_counter() - began
 
-    async def _chunk_slot(self, work: RoomWork) -> bool:
-        """Wait (with the transfer deadline) until the room has a chunk slot free."""
+    async def _chunk_slot(self, room: int, work: RoomWork) -> bool:
+        """Wait until the room has a chunk slot free: True, or False at the transfer deadline or
+        once the fixed worker's room failed. Woken by every chunk that ends (no polling)."""
         bound = limits.CHUNKS_IN_FLIGHT_PER_ROOM
-        if work.pending + work.writing < bound:
-            return True
-        return await wait_until(
-            lambda: work.pending + work.writing < bound, self.cfg.transfer_timeout, interval=0.001
-        )
+        deadline = mono() + self.cfg.transfer_timeout
+        while work.pending + work.writing >= bound:
+            if not self.legacy and self.table.status(room) in (None, KVPoll.Failed):
+                return False
+            work.slot.clear()
+            if work.pending + work.writing < bound:  # a chunk ended between the check and clear
+                break
+            remaining = deadline - mono()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(work.slot.wait(), remaining)
+        return True
 
     # -- transfer shards (threads) -------------------------------------------------------
     def _shard_main(self, shard: queue.Queue[ChunkJob | None]) -> None:
@@ -373,8 +383,11 @@ class PrefillWorker:
             finally:
                 with self.lock:
                     work = self.work.get(job.room)
-                    if work is not None and job.queued:
+                    freed = work is not None and job.queued  # never posted: its slot is free
+                    if work is not None and freed:
                         work.pending -= 1
+                if freed:
+                    self._wake_settle(work)
 
     def _post_job(self, job: ChunkJob) -> None:
         """Post one chunk's WRITE (after its pages are computed) and return without waiting."""
@@ -476,11 +489,17 @@ class PrefillWorker:
         finally:
             with self.lock:
                 work.writing -= 1
-            self._wake_settle()
+            self._wake_settle(work)
 
-    def _wake_settle(self) -> None:
+    def _wake_settle(self, work: RoomWork | None = None) -> None:
+        """(any thread) a room may be ready to settle; `work`: one of its chunks ended."""
         if self.loop is not None and not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self.wake.set)
+            self.loop.call_soon_threadsafe(self._woken, work)
+
+    def _woken(self, work: RoomWork | None) -> None:
+        self.wake.set()
+        if work is not None:
+            work.slot.set()
 
     # -- settling rooms, deadlines, peers ------------------------------------------------
     async def _settle_loop(self) -> None:
