@@ -46,7 +46,7 @@ def parse_args(
     if device:
         p.add_argument("--device", default="cpu", help="cpu, or cuda[:N] for the GPU benchmark")
     if short:
-        p.add_argument("--short", action="store_true", help="CPU: 1-64 MiB, 3 reps, default UCX")
+        p.add_argument("--short", action="store_true", help="CPU: 1-64 MiB, 7 reps, default UCX")
     args = p.parse_args(argv)
     if args.readme is None and args.out.resolve() == DEFAULT_OUT.resolve():
         args.readme = README

@@ -4,12 +4,13 @@ Concurrency 1, 8 and 30 clients (`pdworker load`, its own process) for a small K
 prompts, 128 KiB of KV) and a large one (2048 tokens, 4 MiB), 8 output tokens each, the
 configurations interleaved over several rounds; min/median/max over rounds.
 
-Where the time goes: the workers export one timing histogram, `pdworker_kv_transfer_seconds`
-(prefill: first chunk queued -> room settled, i.e. later chunks' forward + transfer; decode:
-handshake done -> KV verified, i.e. the whole prefill forward + transfer + checksum). There is no
-histogram for prefill compute alone, the handshake or decode steps, so the breakdown reports the
-means of both views per configuration and the rest of the client latency as "other" (routing,
-handshake, queueing, decode steps): measured what exists, and says so.
+Where the time goes: the workers export one transfer histogram, `pdworker_kv_transfer_seconds`
+(prefill: wire time, the seconds with at least one of the room's WRITEs in flight; decode:
+handshake done -> KV verified, i.e. the whole prefill forward + transfer + checksum), and prefill
+its compute time per room (`pdworker_prefill_forward_seconds`, not read here). There is no
+histogram for the handshake or decode steps, so the breakdown reports the means of both transfer
+views per configuration and the rest of the client latency as "other" (routing, handshake,
+queueing, decode steps): measured what exists, and says so.
 """
 
 from __future__ import annotations
@@ -82,9 +83,7 @@ def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
         dec = row["decode_kv_wait_mean_s"]["median"]
         row["breakdown_median_s"] = {
             "client_mean": mean,
-            "prefill_view_transfer_incl_later_chunk_forward": row["prefill_kv_transfer_mean_s"][
-                "median"
-            ],
+            "prefill_view_wire_time": row["prefill_kv_transfer_mean_s"]["median"],
             "decode_view_forward_transfer_checksum": dec,
             "other_routing_handshake_queueing_decode_steps": max(0.0, mean - dec),
         }
@@ -98,8 +97,9 @@ def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
         "results": table,
         "wall_seconds": round(time.monotonic() - started, 1),
         "notes": [
-            "no per-phase histograms for prefill compute, handshake or decode exist in pdworker; "
-            "the breakdown uses the two views of pdworker_kv_transfer_seconds and the remainder",
+            "no per-phase histograms for the handshake or decode exist in pdworker; the breakdown "
+            "uses the two views of pdworker_kv_transfer_seconds (prefill: wire time) and the "
+            "remainder",
         ],
     }
     top = max(concurrency)

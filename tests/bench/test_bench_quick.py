@@ -73,6 +73,9 @@ def test_kv_transfer(results: dict[str, Any]) -> None:
     for ratio in ("pdworker_e2e/raw_nixl", "pdworker_transport/raw_nixl", "raw_nixl/memcpy"):
         assert all(ok(v) for v in data["ratios"][ratio].values())
     assert data["recommended_ucx"] in data["ucx_mean_raw_gbps"]
+    # Prefill's forward is reported beside its wire time, per room (seconds).
+    forward = data["pdworker_prefill_forward_s"]
+    assert set(forward) == {"1", "4"} and all(ok(s["median"]) for s in forward.values())
 
 
 def test_kv_storm(results: dict[str, Any]) -> None:

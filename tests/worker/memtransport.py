@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from pdworker.transfer import Done, TransferError, write_blocking
+from pdworker.transfer import Done, TransferError
 
 
 class Hub:
@@ -70,10 +70,6 @@ class MemoryTransport:
             threading.Thread(target=run, daemon=True).start()
         else:
             run()
-
-    def write(self, agent: str, local_pages: list[int], remote_pages: list[int], notif: bytes,
-              timeout: float) -> None:  # fmt: skip
-        write_blocking(self, agent, local_pages, remote_pages, notif=notif, timeout=timeout)
 
     def deliver(self, sender: str, message: bytes) -> None:
         with self.lock:

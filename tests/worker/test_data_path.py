@@ -128,6 +128,21 @@ def _prefill(hub: Hub, log: list[str], chunk_pages: int) -> tuple[PrefillWorker,
     return worker, pool
 
 
+async def _start_room(
+    worker: PrefillWorker, room: int, ids: list[int], dest: list[int]
+) -> asyncio.Future[dict[str, Any]]:
+    """Start the worker, give it a decode peer and bind one room to `dest` (its forward starts)."""
+    await worker.start()
+    worker.transport.add_peer("decode", b"decode", [], "DRAM")
+    worker.peers["decode"] = DecodePeer("decode", Peer("d", "d:1", "d-1"), 64, time.monotonic())
+    worker.table.create(room, "bootstrap", time.monotonic())
+    worker.work[room] = RoomWork(ids=ids)
+    result: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    worker.waiters[room] = result
+    assert worker._bind(room, Binding("decode", dest, time.monotonic())) is None
+    return result
+
+
 def test_prefill_posts_each_chunk_once_after_its_fence_and_decode_gets_exact_kv() -> None:
     hub, log = Hub(), []
     worker, pool = _prefill(hub, log, chunk_pages=2)
@@ -137,14 +152,7 @@ def test_prefill_posts_each_chunk_once_after_its_fence_and_decode_gets_exact_kv(
     room, dest = 77, [60, 61, 62, 10, 11, 12, 13, 40]
 
     async def main() -> None:
-        await worker.start()
-        worker.transport.add_peer("decode", b"decode", [], "DRAM")
-        worker.peers["decode"] = DecodePeer("decode", Peer("d", "d:1", "d-1"), 64, time.monotonic())
-        worker.table.create(room, "bootstrap", time.monotonic())
-        worker.work[room] = RoomWork(ids=ids)
-        result = asyncio.get_running_loop().create_future()
-        worker.waiters[room] = result
-        assert worker._bind(room, Binding("decode", dest, time.monotonic())) is None
+        result = await _start_room(worker, room, ids, dest)
         answer = await asyncio.wait_for(result, 30)
         assert answer["ok"] and answer["kv_bytes"] == 8 * CFG.page_bytes, answer
         await worker.stop()
@@ -281,3 +289,67 @@ def test_prefill_into_the_pool_writes_the_same_bytes_as_compute_then_scatter() -
     assert torch.equal(model.prefill_into(b, pages, ids), last)
     idx = torch.tensor(pages)
     assert torch.equal(a.tensor[idx], b.tensor[idx])
+
+
+def test_a_room_of_many_chunks_keeps_at_most_the_bound_in_flight_and_all_land() -> None:
+    import threading
+
+    from pdworker import limits
+    from pdworker.server import wait_until
+
+    hub, log = Hub(), []
+    worker, _ = _prefill(hub, log, chunk_pages=1)
+    decode_pool = KVPool(CFG, 64, torch.device("cpu"))
+    MemoryTransport(hub, "decode", decode_pool.tensor)
+    bound = limits.CHUNKS_IN_FLIGHT_PER_ROOM
+    npages = 2 * bound + 1  # one chunk per page: more chunks than may be in flight
+    ids = list(range(1, npages * CFG.page_size + 1))
+    room, dest = 5, list(range(20, 20 + npages))
+    gate = threading.Event()  # WRITEs stay on the wire until the test opens it
+    seen: list[int] = []
+
+    def before_copy() -> None:
+        work = worker.work[room]
+        seen.append(work.pending + work.writing)
+        assert gate.wait(30)
+
+    worker.transport.before_copy = before_copy  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        result = await _start_room(worker, room, ids, dest)
+        # The forward runs ahead of the stuck WRITEs only up to the bound.
+        assert await wait_until(lambda: log.count("submit") == bound, 30)
+        assert worker.work[room].pending + worker.work[room].writing == bound
+        gate.set()
+        answer = await asyncio.wait_for(result, 30)
+        assert answer["ok"] and answer["kv_bytes"] == npages * CFG.page_bytes, answer
+        await worker.stop()
+
+    asyncio.run(main())
+    assert log.count("submit") == npages
+    assert max(seen) == bound and len(seen) == npages, seen
+    assert all(bool((decode_pool.tensor[p] != 0).any()) for p in dest)  # every chunk landed
+
+
+def test_prefill_transfer_time_is_wire_time_not_the_forward_between_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pdworker.prefill as prefill_module
+
+    clock = [0.0]
+    monkeypatch.setattr(prefill_module, "mono", lambda: clock[0])
+    worker, _ = _prefill(Hub(), [], chunk_pages=1)
+    work = RoomWork(ids=[1])
+
+    def at(t: float, step: int) -> None:
+        clock[0] = t
+        worker._wire(work, step)
+
+    at(0.0, +1)  # chunk 0 posted
+    at(1.0, +1)  # chunk 1 posted while chunk 0 is on the wire
+    at(2.0, -1)
+    at(3.0, -1)  # nothing on the wire from 3.0 ...
+    at(5.0, +1)  # ... to 5.0 (the room computed its next chunk): not transfer time
+    at(5.5, -1)
+    assert work.wire_seconds == pytest.approx(3.5)
+    assert work.on_wire == 0

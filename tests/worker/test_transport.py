@@ -17,7 +17,7 @@ from pdworker import integrity
 from pdworker.config import ModelConfig
 from pdworker.model import KVPool, TinyModel
 from pdworker.ordering import Ordering
-from pdworker.transfer import NixlTransport, TransferError
+from pdworker.transfer import NixlTransport, TransferError, write_blocking
 
 CUDA = torch.cuda.is_available()
 DEVICES = [
@@ -94,9 +94,9 @@ def test_chunks_in_flight_land_exactly_after_their_fence(device_name: str) -> No
             threading.Event().wait(0.005)
         assert sorted(got) == [f"kv:1:{c}".encode() for c in range(5)]
         # The blocking form and the bad-input path still answer.
-        src.write(dst.name, [0], [0], b"kv:2:0", 10.0)
+        write_blocking(src, dst.name, [0], [0], notif=b"kv:2:0", timeout=10.0)
         with pytest.raises(TransferError, match="unknown peer"):
-            src.write("nobody", [0], [0], b"x", 1.0)
+            write_blocking(src, "nobody", [0], [0], notif=b"x", timeout=1.0)
     finally:
         src.close()
         dst.close()

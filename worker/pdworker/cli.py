@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from pdworker import __version__
 from pdworker import contract as c
-from pdworker.config import DEFAULT_CHUNK_BYTES
+from pdworker.config import DEFAULT_CHUNK_BYTES, DEFAULT_COMPUTE_THREADS
 from pdworker.faults import FaultSpecError, parse_faults
 from pdworker.limits import DEFAULT_MAX_ROOMS
 
@@ -125,9 +125,9 @@ def _worker_flags(p: argparse.ArgumentParser, role: str) -> None:
     g.add_argument(
         "--compute-threads",
         type=int,
-        default=2,
+        default=DEFAULT_COMPUTE_THREADS,
         help="threads running forward passes, page scatter and KV checks off the event loop "
-        "(default: 2)",
+        f"(default: 2, or 1 on a host of 2 cores or fewer: here {DEFAULT_COMPUTE_THREADS})",
     )
     g.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads (default: 1)")
     g.add_argument(

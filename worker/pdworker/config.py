@@ -21,6 +21,10 @@ MAX_TOKEN_ID = 2**31
 # rate from 64 MiB and pays ~0.1 ms fixed cost per WRITE, while chunks must stay small enough
 # that the forward of chunk k+1 overlaps the WRITE of chunk k (bench/kv_transfer).
 DEFAULT_CHUNK_BYTES = 32 << 20
+# Compute threads: two, but never every core. On a 2-core host two busy forward threads left the
+# event loop no core of its own: under the full 30-client kv_storm, health p99 measured 109-137 ms
+# with two threads and 91 ms with one (load 6-18, same day; bench/README.md).
+DEFAULT_COMPUTE_THREADS = max(1, min(2, (os.cpu_count() or 1) - 1))
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -66,7 +70,7 @@ class WorkerConfig:
     chunk_pages: int = 0  # 0: derived from chunk_bytes
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     kv_verify: str = "sample"
-    compute_threads: int = 2
+    compute_threads: int = DEFAULT_COMPUTE_THREADS
     transfer_threads: int = 4
     bootstrap_timeout: float = 30.0
     waiting_timeout: float = 30.0

@@ -35,6 +35,7 @@ REQUESTS_COMPLETED: Final = "pdworker_requests_completed_total"
 REQUESTS_FAILED: Final = "pdworker_requests_failed_total"
 KV_TRANSFER_BYTES: Final = "pdworker_kv_transfer_bytes_total"
 KV_TRANSFER_SECONDS: Final = "pdworker_kv_transfer_seconds"
+PREFILL_FORWARD_SECONDS: Final = "pdworker_prefill_forward_seconds"  # extension (issue 16)
 KV_CHECKSUM_MISMATCH: Final = "pdworker_kv_checksum_mismatch_total"
 INCARNATION_INFO: Final = "pdworker_incarnation_info"
 

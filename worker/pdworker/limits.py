@@ -40,5 +40,9 @@ MAX_PREFILL_LINKS: Final = 64
 PREFILL_PROBES_AT_ONCE: Final = 8
 BOOTSTRAP_INFO_BYTES: Final = 64 * KIB  # largest /bootstrap/info answer decode reads
 
+# Prefill: chunks of one room computed-and-queued or on the wire at once (chunk n+1's forward
+# runs while chunk n is written; a room never holds more NIXL handles than this).
+CHUNKS_IN_FLIGHT_PER_ROOM: Final = 4
+
 # Rooms a worker holds at once (default of --max-rooms); more is 429.
 DEFAULT_MAX_ROOMS: Final = 4096

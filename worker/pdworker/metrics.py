@@ -25,6 +25,20 @@ from pdworker.rooms import RoomTable
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created series are scrape noise
 
+# What the transfer histogram measures, per role (one observation per room that succeeded; the
+# operator counts rooms with its _count). Prefill's view is wire time, so a room of several
+# chunks is not charged for the forward passes it ran between its WRITEs (those are in
+# pdworker_prefill_forward_seconds); decode's view is everything the room waited for its KV.
+KV_SECONDS_HELP = (
+    "per-room KV transfer time. prefill: seconds during which at least one of the room's WRITEs "
+    "was posted and not yet released (wire time; forward passes between chunks excluded, see "
+    "pdworker_prefill_forward_seconds); decode: pages registered with prefill -> KV landed and "
+    "verified (includes prefill's forward)"
+)
+FORWARD_SECONDS_HELP = (
+    "prefill only: per-room compute-thread seconds of forward, page scatter and KV fingerprint, "
+    "summed over the room's chunks (overlaps the wire time of earlier chunks)"
+)
 TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -83,12 +97,10 @@ class WorkerMetrics:
         for reason in c.FAILURE_REASONS:
             self.failed.labels(reason=reason)
         self.kv_bytes = Counter(_base(c.KV_TRANSFER_BYTES), "KV bytes moved", registry=reg)
-        self.kv_seconds = Histogram(
-            c.KV_TRANSFER_SECONDS,
-            "per-room KV transfer time",
-            buckets=TRANSFER_BUCKETS,
-            registry=reg,
-        )
+        self.kv_seconds = Histogram(c.KV_TRANSFER_SECONDS, KV_SECONDS_HELP,
+                                    buckets=TRANSFER_BUCKETS, registry=reg)  # fmt: skip
+        self.forward_seconds = Histogram(c.PREFILL_FORWARD_SECONDS, FORWARD_SECONDS_HELP,
+                                         buckets=TRANSFER_BUCKETS, registry=reg)  # fmt: skip
         self.checksum_mismatch = Counter(
             _base(c.KV_CHECKSUM_MISMATCH), "KV checksum mismatches (must stay 0)", registry=reg
         )

@@ -74,6 +74,7 @@ class ChunkJob:
     local_pages: list[int]
     remote_pages: list[int]
     fence: Fence  # passed once the kernels that wrote local_pages have finished
+    queued: bool = True  # counted in RoomWork.pending (until it moves to RoomWork.writing)
 
 
 @dataclass
@@ -81,14 +82,20 @@ class RoomWork:
     """Prefill bookkeeping for one room (kept in Room.data['work'])."""
 
     ids: list[int]
-    pending: int = 0  # chunk jobs queued or running
-    writing: int = 0  # chunk writes touching decode memory right now
+    pending: int = 0  # chunk jobs queued for a transfer thread, not yet posted
+    writing: int = 0  # chunk writes touching decode memory right now (posted, not released)
     forward_started: bool = False
     forward_done: bool = False
     chunks_done: int = 0
     bytes: int = 0
-    transfer_started: float | None = None
-    transfer_done: float | None = None
+    # Wire time (pdworker_kv_transfer_seconds on prefill): the seconds during which at least one
+    # of the room's WRITEs was posted and not yet released. Gaps in which the room only waited
+    # for its own next chunk's forward are not transfer time; they are in forward_seconds.
+    on_wire: int = 0
+    wire_since: float = 0.0
+    wire_seconds: float = 0.0
+    forward_seconds: float = 0.0  # compute-thread time of this room's chunks (forward, scatter)
+    slot: asyncio.Event = field(default_factory=asyncio.Event)  # a chunk of the room finished
     meta: builtins.bytes | None = None  # set with the last chunk: first token and KV checksum
     decode_aborted: bool = False
     result: dict[str, Any] = field(default_factory=dict)
@@ -268,6 +275,11 @@ class PrefillWorker:
                         return
                     if cfg.prefill_chunk_ms:
                         await asyncio.sleep(cfg.prefill_chunk_ms / 1000)  # a real model's forward
+                    # Chunk n+1 is computed while chunk n's WRITE is in flight; at most
+                    # CHUNKS_IN_FLIGHT_PER_ROOM of a room's chunks wait for or are on the wire.
+                    if not await self._chunk_slot(room, work):
+                        self.table.fail(room, "transfer_error", mono(), "earlier chunks stalled")
+                        return  # a no-op fail if the room had failed already
                     last = index == len(chunks) - 1
                     ids = work.ids[index * span : (index + 1) * span]
                     # Forward, page scatter and the KV fingerprint run on a compute thread (a CUDA
@@ -280,7 +292,8 @@ class PrefillWorker:
                         (local, fences) if last else None,
                     )
                     # shield: a cancelled forward must not lose track of a running compute call
-                    fence, result = await asyncio.shield(computing)
+                    fence, result, seconds = await asyncio.shield(computing)
+                    work.forward_seconds += seconds
                     fences.append(fence)
                     job = ChunkJob(
                         room,
@@ -300,8 +313,6 @@ class PrefillWorker:
                     self.table.update(room, KVPoll.Transferring, mono())
                     with self.lock:
                         work.pending += 1
-                    if work.transfer_started is None:
-                        work.transfer_started = mono()
                     self.shards[room % len(self.shards)].put(job)
         except Exception as exc:  # a crashed forward must still end the room, with a reason
             log.exception("forward pass of room %d crashed", room)
@@ -320,10 +331,11 @@ class PrefillWorker:
 
     def _compute_chunk(
         self, pages: list[int], ids: list[int], room: tuple[list[int], list[Fence]] | None
-    ) -> tuple[Fence, dict[str, Any] | None]:
+    ) -> tuple[Fence, dict[str, Any] | None, float]:
         """(compute thread) KV of `ids` into `pages`; on the last chunk (`room` = all the room's
         pages and the earlier chunks' fences) also the first token and the room's KV checksum.
         Returns a fence after all of it (NIXL must wait for it)."""
+        began = time.perf_counter()
         last_hidden = self.model.prefill_into(self.pool, pages, ids)
         result = None
         if room is not None:
@@ -335,7 +347,26 @@ class PrefillWorker:
                 "first_token": self.model.first_token(last_hidden),
                 "kv_checksum": integrity.checksum(self.pool.tensor, room_pages, spec),
             }
-        return self.ordering.fence(), result
+        fence = self.ordering.fence()
+        return fence, result, time.perf_counter() - began
+
+    async def _chunk_slot(self, room: int, work: RoomWork) -> bool:
+        """Wait until the room has a chunk slot free: True, or False at the transfer deadline or
+        once the fixed worker's room failed. Woken by every chunk that ends (no polling)."""
+        bound = limits.CHUNKS_IN_FLIGHT_PER_ROOM
+        deadline = mono() + self.cfg.transfer_timeout
+        while work.pending + work.writing >= bound:
+            if not self.legacy and self.table.status(room) in (None, KVPoll.Failed):
+                return False
+            work.slot.clear()
+            if work.pending + work.writing < bound:  # a chunk ended between the check and clear
+                break
+            remaining = deadline - mono()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(work.slot.wait(), remaining)
+        return True
 
     # -- transfer shards (threads) -------------------------------------------------------
     def _shard_main(self, shard: queue.Queue[ChunkJob | None]) -> None:
@@ -352,8 +383,11 @@ class PrefillWorker:
             finally:
                 with self.lock:
                     work = self.work.get(job.room)
-                    if work is not None:
+                    freed = work is not None and job.queued  # never posted: its slot is free
+                    if work is not None and freed:
                         work.pending -= 1
+                if freed:
+                    self._wake_settle(work)
 
     def _post_job(self, job: ChunkJob) -> None:
         """Post one chunk's WRITE (after its pages are computed) and return without waiting."""
@@ -371,7 +405,10 @@ class PrefillWorker:
                 and work is not None
             )
             if go and work is not None:
+                # pending -> writing in one step: a chunk is counted once, and never by neither
                 work.writing += 1
+                work.pending -= 1
+                job.queued = False
         if not go or binding is None or work is None:
             if not self.legacy:
                 reason = "peer_lost" if peer is None or peer.dead else "aborted"
@@ -392,8 +429,10 @@ class PrefillWorker:
 
         def done(err: TransferError | None) -> None:
             reported.append(True)
+            self._wire(work, -1)
             self._chunk_done(job, work, agent, err)
 
+        self._wire(work, +1)
         try:
             self.transport.submit(
                 agent,
@@ -406,7 +445,18 @@ class PrefillWorker:
         except Exception as exc:  # the transport broke its promise: still end the chunk once
             log.exception("posting a WRITE of room %d crashed", room)
             if not reported:
+                self._wire(work, -1)
                 self._chunk_done(job, work, agent, TransferError(f"posting failed: {exc!r}"))
+
+    def _wire(self, work: RoomWork, step: int) -> None:
+        """Count a WRITE of the room onto (+1) or off (-1) the wire; accrue the wire time."""
+        now = mono()
+        with self.lock:
+            if step > 0 and work.on_wire == 0:
+                work.wire_since = now
+            work.on_wire += step
+            if step < 0 and work.on_wire == 0:
+                work.wire_seconds += now - work.wire_since
 
     def _chunk_done(
         self, job: ChunkJob, work: RoomWork, agent: str, err: TransferError | None
@@ -435,16 +485,21 @@ class PrefillWorker:
                 except TransferError as exc:
                     self.table.fail(room, "transfer_error", mono(), str(exc))
                     return
-                work.transfer_done = mono()
                 self.table.update(room, KVPoll.Success, mono())
         finally:
             with self.lock:
                 work.writing -= 1
-            self._wake_settle()
+            self._wake_settle(work)
 
-    def _wake_settle(self) -> None:
+    def _wake_settle(self, work: RoomWork | None = None) -> None:
+        """(any thread) a room may be ready to settle; `work`: one of its chunks ended."""
         if self.loop is not None and not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self.wake.set)
+            self.loop.call_soon_threadsafe(self._woken, work)
+
+    def _woken(self, work: RoomWork | None) -> None:
+        self.wake.set()
+        if work is not None:
+            work.slot.set()
 
     # -- settling rooms, deadlines, peers ------------------------------------------------
     async def _settle_loop(self) -> None:
@@ -481,9 +536,8 @@ class PrefillWorker:
             self.pool.pages.free(room)
             if entry.status == KVPoll.Success and work is not None:
                 self.metrics.completed.labels(role="prefill").inc()
-                if work.transfer_started is not None:
-                    ended = work.transfer_done or now
-                    self.metrics.kv_seconds.observe(ended - work.transfer_started)
+                self.metrics.kv_seconds.observe(work.wire_seconds)
+                self.metrics.forward_seconds.observe(work.forward_seconds)
                 result = {"ok": True, "room": room, "kv_bytes": work.bytes, **work.result}
             else:
                 reason = entry.reason or "aborted"

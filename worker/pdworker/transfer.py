@@ -80,15 +80,6 @@ class Transport(Protocol):
         """
         ...
 
-    def write(
-        self,
-        agent: str,
-        local_pages: list[int],
-        remote_pages: list[int],
-        notif: bytes,
-        timeout: float,
-    ) -> None: ...
-
     def notify(self, agent: str, message: bytes) -> None: ...
 
     def poll_notifs(self) -> dict[str, list[bytes]]: ...
@@ -248,16 +239,6 @@ class NixlTransport:
             return
         self._complete(live, None if state == "DONE" else self._state_error(agent, state))
 
-    def write(
-        self,
-        agent: str,
-        local_pages: list[int],
-        remote_pages: list[int],
-        notif: bytes,
-        timeout: float,
-    ) -> None:
-        write_blocking(self, agent, local_pages, remote_pages, notif=notif, timeout=timeout)
-
     # -- completion ----------------------------------------------------------------------
     def _error(self, agent: str, exc: Exception) -> TransferError:
         if isinstance(exc, TransferError):
@@ -270,10 +251,12 @@ class NixlTransport:
     def _state_error(agent: str, state: str) -> TransferError:
         return TransferError(f"transfer to {agent} ended in state {state}")
 
-    def _finish(self, live: _Live, error: TransferError | None) -> bool:
-        """Release the handle, then report; False if NIXL refused the release (retry later)."""
-        live.known = True
-        live.error = error
+    def _release(self, live: _Live) -> bool:
+        """The one release path: release the handle, then report its known outcome once.
+
+        False if NIXL refused the release (the WRITE may still read the pages): the handle stays
+        live, `done` is held back and the progress thread retries after RELEASE_RETRY_S.
+        """
         if live.handle is not None:
             try:
                 self._agent.release_xfer_handle(live.handle)
@@ -287,20 +270,38 @@ class NixlTransport:
             if live.agent in self._handles:
                 self._handles[live.agent] -= 1
         try:
-            live.done(error)
+            live.done(live.error)
         except Exception:
             log.exception("transfer completion callback for %s crashed", live.agent)
         return True
+
+    def _complete(self, live: _Live, error: TransferError | None) -> None:
+        """(posting thread) the outcome is known at once: release now, or leave it to retry."""
+        live.known, live.error = True, error
+        if not self._release(live):
+            self._track(live)
 
     def _track(self, live: _Live) -> None:
         with self._lock:
             self._live.append(live)
             self._wake.notify()
 
-    def _complete(self, live: _Live, error: TransferError | None) -> None:
-        """Finish a handle the posting thread already knows the outcome of."""
-        if not self._finish(live, error):
-            self._track(live)
+    def _outcome(self, live: _Live, now: float) -> bool:
+        """Learn a live handle's outcome (done, failed or past its deadline); False if pending."""
+        try:
+            state = self._agent.check_xfer_state(live.handle)
+        except Exception as exc:
+            live.error = self._error(live.agent, exc)
+        else:
+            if state == "PROC":
+                if now <= live.deadline:
+                    return False
+                stalled = f"transfer to {live.agent} stalled for {live.timeout:g}s"
+                live.error = TransferError(stalled)
+            elif state != "DONE":
+                live.error = self._state_error(live.agent, state)
+        live.known = True
+        return True
 
     def _progress_main(self) -> None:
         """Poll every live handle, back to back, until it is done, failed or past its deadline."""
@@ -311,28 +312,14 @@ class NixlTransport:
                 if self._closed:
                     return
                 live = list(self._live)
-            finished = []
             now = time.monotonic()
-            for item in live:
-                if item.known:  # outcome known, release refused before: retry
-                    if now >= item.next_release and self._finish(item, item.error):
-                        finished.append(item)
-                    continue
-                try:
-                    state = self._agent.check_xfer_state(item.handle)
-                except Exception as exc:
-                    error: TransferError | None = self._error(item.agent, exc)
-                else:
-                    if state == "PROC":
-                        if now <= item.deadline:
-                            continue
-                        error = TransferError(
-                            f"transfer to {item.agent} stalled for {item.timeout:g}s"
-                        )
-                    else:
-                        error = None if state == "DONE" else self._state_error(item.agent, state)
-                if self._finish(item, error):
-                    finished.append(item)
+            finished = [
+                item
+                for item in live
+                if (item.known or self._outcome(item, now))
+                and now >= item.next_release
+                and self._release(item)
+            ]
             if finished:
                 with self._lock:
                     self._live = [x for x in self._live if x not in finished]
