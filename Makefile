@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CLUSTER_DIR := .cluster
 
-.PHONY: help venv lint types imports test test-gpu cluster-bin cluster-up cluster-down demo bench \
+.PHONY: help venv lint types imports test test-gpu cluster-bin lws-bin cluster-up cluster-down demo bench \
 	bench-gpu crd manifests images
 
 help:  ## list targets
@@ -32,11 +32,13 @@ types: $(STAMP)  ## mypy (strict on the operator)
 imports: $(STAMP)  ## import-linter layer contracts
 	$(BIN)/lint-imports
 
-cluster-bin:  ## build (or reuse) the Go control-plane binaries and LWS's controller in ~/.cache/pdwarden
+cluster-bin:  ## build (or reuse) the Go control-plane binaries in ~/.cache/pdwarden
 	@e2e/cluster/build.sh >/dev/null
+
+lws-bin: cluster-bin  ## build (or reuse) LeaderWorkerSet's controller (the LWS policy scenarios) in ~/.cache/pdwarden
 	@e2e/cluster/build-lws.sh >/dev/null
 
-test: lint types imports cluster-bin  ## lint, types, import contracts and the whole pytest suite
+test: lint types imports cluster-bin lws-bin  ## lint, types, import contracts and the whole pytest suite
 	$(BIN)/python -m pytest
 
 cluster-up: $(STAMP) cluster-bin  ## start the local control plane and kubelet; kubeconfig in .cluster/kubeconfig
