@@ -9,7 +9,7 @@ Everything is bounded, like PDDeploymentStatus, because it is read back on every
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import AwareDatetime, Field
 
@@ -32,15 +32,7 @@ PolicyConditionType = Literal[
     "Conflict",
     "CordonUnavailable",
 ]
-POLICY_CONDITION_TYPES: tuple[PolicyConditionType, ...] = (
-    "Ready",
-    "Progressing",
-    "Degraded",
-    "Wedged",
-    "RemediationSuspended",
-    "Conflict",
-    "CordonUnavailable",
-)
+POLICY_CONDITION_TYPES: tuple[PolicyConditionType, ...] = get_args(PolicyConditionType)
 RefusalReason = Literal["OwnedByPDDeployment", "SelectedByAnotherPolicy", "BothRoles"]
 MAX_REFUSED = 64
 MAX_HELD_BACK = 32

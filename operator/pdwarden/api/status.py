@@ -7,20 +7,14 @@ bounded here (MAX_HISTORY) and read back on every pass.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import AwareDatetime, Field
 
 from pdwarden.api.base import StatusModel
 
 ConditionType = Literal["Ready", "Progressing", "Degraded", "Wedged", "RemediationSuspended"]
-CONDITION_TYPES: tuple[ConditionType, ...] = (
-    "Ready",
-    "Progressing",
-    "Degraded",
-    "Wedged",
-    "RemediationSuspended",
-)
+CONDITION_TYPES: tuple[ConditionType, ...] = get_args(ConditionType)
 LedgerAction = Literal[
     "FailRooms",
     "CordonDecode",
