@@ -236,3 +236,20 @@ def hand_cordoned_pod_is_uncordoned(pool: Pool) -> None:
     last = [e for e in pool.ledger() if e["pod"] == name][-1]
     assert last["action"] == "UncordonDecode" and last["outcome"] == "Succeeded"
     assert pool.pod(name)["metadata"]["uid"] == pod["metadata"]["uid"]
+
+
+def dry_run_only_reports(pool: Pool) -> dict[str, Any]:
+    """Wait for the DryRun cordon a stalled decode earns, then check what a DryRun policy shows
+    for it (every ledger entry DryRun, Wedged=True, a DryRunCordonDecode Event); the caller checks
+    that its owner's pods are untouched. Returns the policy's status."""
+    pool.cluster.wait_until(
+        "a DryRun CordonDecode in the policy's ledger",
+        lambda: any(e["action"] == "CordonDecode" and e["dryRun"] for e in pool.ledger()),
+        WEDGE_AFTER + 30,
+    )
+    assert all(e["dryRun"] for e in pool.ledger())
+    st = pool.status()
+    assert next(c for c in st["conditions"] if c["type"] == "Wedged")["status"] == "True"
+    assert pool.events("DryRunCordonDecode")
+    print(pool.get_pdrp())
+    return st
