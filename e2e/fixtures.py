@@ -139,16 +139,23 @@ def release_pddeployments(cluster: Cluster, namespace: str) -> None:
         )  # fmt: skip
 
 
-@pytest.fixture
-def namespace(cluster: Cluster) -> Iterator[str]:
-    """A fresh namespace per test (created once the cluster is quiet), deleted afterwards."""
-    wait_quiet(cluster)
-    name = f"t-{uuid.uuid4().hex[:8]}"
+def create_namespace(cluster: Cluster, prefix: str) -> str:
+    """A fresh namespace named `prefix-<random>`, returned once its default ServiceAccount exists
+    (pods cannot be created in it before)."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
     cluster.wait_until(
         f"default ServiceAccount in {name}",
         lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
     )
+    return name
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace per test (created once the cluster is quiet), deleted afterwards."""
+    wait_quiet(cluster)
+    name = create_namespace(cluster, "t")
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
     release_pddeployments(cluster, name)

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from e2e.fixtures import REPO_ROOT, Cluster, OperatorProcess
+from e2e.fixtures import REPO_ROOT, Cluster, OperatorProcess, create_namespace
 from e2e.pdtools import apply, get_json, http, merge, pod_condition
 from pdwarden.api import parse_spec
 from pdwarden.constants import LABEL_SERVING
@@ -193,13 +193,7 @@ def open_namespace(cluster: Cluster) -> str:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(POLICY_CRD))
     cluster.kubectl("wait", "--for=condition=Established",
                     "crd/pdremediationpolicies.pdwarden.dev", "--timeout=60s")  # fmt: skip
-    ns = f"p-{uuid.uuid4().hex[:8]}"
-    cluster.kubectl("create", "namespace", ns)
-    cluster.wait_until(
-        f"default ServiceAccount in {ns}",
-        lambda: cluster.kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0,
-    )
-    return ns
+    return create_namespace(cluster, "p")
 
 
 def start_pool(

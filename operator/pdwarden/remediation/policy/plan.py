@@ -30,19 +30,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal
 
 from pdwarden.api import LedgerEntry, RemediationSpec
+from pdwarden.api.status import LedgerAction
 from pdwarden.remediation.detect.rules import Detection, Finding
 
-ActionKind = Literal[
-    "FailRooms",
-    "CordonDecode",
-    "RestartDecode",
-    "UncordonDecode",
-    "AbortRequests",
-    "RestartPrefill",
-]
+ActionKind = LedgerAction  # the plan's actions are exactly what the ledger records
 HOUR = timedelta(hours=1)
 PREFILL_WEDGES = frozenset({"InflightStuck", "PeerIncarnationGone", "InflightGaugeStuck"})
 ENGINES_WITHOUT_ROOMS = frozenset({"sglang"})
