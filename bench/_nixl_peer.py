@@ -2,9 +2,9 @@
 
 Why a separate process per side: the benchmark compares transfers between two processes, as
 prefill and decode are, and UCX reads its transport settings (UCX_TLS) once per process. The
-target registers a buffer, publishes its NIXL metadata and drains notifications the way decode's
-pump does; the initiator answers timing requests on stdin, one JSON line each (answers are
-stdout lines prefixed `BENCH `, since NIXL itself may print there too):
+target registers a buffer, publishes its NIXL metadata and drains notifications the way
+pdworker's transport does when busy; the initiator answers timing requests on stdin, one JSON
+line each (answers are stdout lines prefixed `BENCH `, since NIXL itself may print there too):
 
 * `raw`: one NIXL WRITE of the whole buffer (one descriptor) with a notification, busy-polled;
   the best this NIXL/UCX setup can do.
@@ -38,13 +38,17 @@ import torch
 
 from pdworker.compute import indexed
 from pdworker.nixl_loader import load_nixl
+from pdworker.transfer import DRAIN_ACTIVE_S as DRAIN_S
 
 
 def _agent(name: str) -> Any:
     api = load_nixl().api
+    # As pdworker's transport: NIXL's own progress thread off (it spins a core per agent), the
+    # target progresses UCX by draining notifications every DRAIN_S, the initiator by polling.
     config = api.nixl_agent_config(
-        backends=["UCX"], sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT, num_threads=0
-    )
+        enable_prog_thread=False, backends=["UCX"], num_threads=0,
+        sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT,
+    )  # fmt: skip
     return api.nixl_agent(name, config)
 
 
@@ -75,7 +79,7 @@ def target(args: argparse.Namespace) -> None:
     tmp.rename(args.meta)
     done = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
-    while not done.wait(0.005):  # decode's pump interval
+    while not done.wait(DRAIN_S):
         agent.get_new_notifs()
 
 

@@ -209,6 +209,9 @@ class FakeAgent:
         script = self.states[handle]
         return script.pop(0) if len(script) > 1 else script[0]
 
+    def get_new_notifs(self) -> dict[str, list[bytes]]:
+        return {}
+
     def release_xfer_handle(self, handle: bytes) -> None:
         if self.refuse_release:
             self.refuse_release -= 1
