@@ -196,6 +196,9 @@ class FakeAgent:
         self.refuse_release = 0
         self.released: list[bytes] = []
         self.posted: list[tuple[list[int], list[int]]] = []
+        self.inbox: list[bytes] = []
+        self.drains = 0
+        self.drain_threads: set[str] = set()
 
     def make_prepped_xfer(self, *args):  # type: ignore[no-untyped-def]
         _op, _local, lidx, _remote, ridx, notif = args
@@ -210,7 +213,12 @@ class FakeAgent:
         return script.pop(0) if len(script) > 1 else script[0]
 
     def get_new_notifs(self) -> dict[str, list[bytes]]:
-        return {}
+        """One queued notification per call, from peer "peer"; records who drains."""
+        import threading
+
+        self.drains += 1
+        self.drain_threads.add(threading.current_thread().name)
+        return {"peer": [self.inbox.pop(0)]} if self.inbox else {}
 
     def release_xfer_handle(self, handle: bytes) -> None:
         if self.refuse_release:
@@ -356,3 +364,47 @@ def test_prefill_transfer_time_is_wire_time_not_the_forward_between_chunks(
     at(5.5, -1)
     assert work.wire_seconds == pytest.approx(3.5)
     assert work.on_wire == 0
+
+
+def test_notifications_are_drained_by_the_progress_thread_in_order_and_none_is_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NIXL's own progress thread is off: the transport's thread progresses UCX by draining
+    notifications into a bounded buffer, and `poll_notifs` (decode's event loop) never calls
+    NIXL. Over the bound draining pauses; what NIXL still holds is not lost."""
+    from pdworker import transfer
+    from pdworker.server import wait_until
+
+    transport, agent = _fake_transport()
+    sent = [f"kv:1:{i}".encode() for i in range(10)]
+    agent.inbox = sent[:5]
+    got: list[bytes] = []
+
+    async def main() -> bool:
+        def drained() -> bool:
+            got.extend(transport.poll_notifs().get("peer", []))
+            return len(got) == 5
+
+        return await wait_until(drained, 10)
+
+    try:
+        assert asyncio.run(main()), got
+        assert got == sent[:5]
+        assert agent.drain_threads == {"nixl-progress"}  # never the caller's thread
+    finally:
+        with transport._lock:
+            transport._closed = True
+            transport._wake.notify_all()
+        transport._progress.join(5)
+    # The bound, step by step (the thread has stopped): three buffered, then no NIXL call
+    # until the owner reads; then the rest, in order.
+    monkeypatch.setattr(transfer, "MAX_BUFFERED_NOTIFS", 3)
+    agent.inbox, agent.drains = sent[5:], 0
+    for _ in range(5):
+        transport._drain(0.0)
+    assert agent.drains == 3 and agent.inbox == sent[8:]
+    got = transport.poll_notifs()["peer"]
+    for _ in range(3):
+        transport._drain(0.0)
+    got += transport.poll_notifs()["peer"]
+    assert got == sent[5:] and transport.poll_notifs() == {}

@@ -156,6 +156,7 @@ class NixlTransport:
             sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT,
         )  # fmt: skip
         agent = api.nixl_agent(name, config)
+        self._pool = pool_tensor  # registered memory must outlive its registration
         self._reg = agent.register_memory(pool_tensor)
         local = agent.prep_xfer_dlist(
             "NIXL_INIT_AGENT", np.asarray(local_descs, dtype=np.uint64).reshape(-1, 3), mem_type
