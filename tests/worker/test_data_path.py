@@ -353,3 +353,78 @@ def test_prefill_transfer_time_is_wire_time_not_the_forward_between_chunks(
     at(5.5, -1)
     assert work.wire_seconds == pytest.approx(3.5)
     assert work.on_wire == 0
+
+
+class DeviceEvent:
+    """A CUDA event stand-in whose kernels finish only when the test says so (`query` is
+    False until then); `synchronize` is what a waiting thread would block on."""
+
+    def __init__(self, log: list[str], finished: Any) -> None:
+        self.log = log
+        self.finished = finished  # a threading.Event: the device reached this event
+
+    def record(self) -> None:
+        self.log.append("record")
+
+    def synchronize(self) -> None:
+        self.log.append("wait")
+        assert self.finished.wait(30)
+
+    def query(self) -> bool:
+        return bool(self.finished.is_set())
+
+
+def test_a_failed_room_keeps_its_pages_until_its_kernels_finished() -> None:
+    """The room fails before its WRITE is posted (its decode is lost), so no transfer thread
+    waits for the chunk's fence; its pages must still not go back to the pool (where another
+    room's stream could rewrite them) while the kernels that write them may still run."""
+    import threading
+
+    from pdworker.contract import KVPoll
+    from pdworker.server import wait_until
+
+    hub, log = Hub(), []
+    worker, pool = _prefill(hub, log, chunk_pages=2)
+    MemoryTransport(hub, "decode", KVPool(CFG, 64, torch.device("cpu")).tensor)
+    finished = threading.Event()
+    worker.ordering = Ordering(
+        torch.device("cpu"), event_factory=lambda: DeviceEvent(log, finished)
+    )
+    room, ids = 9, list(range(1, 9))  # 2 pages, one chunk
+
+    async def main() -> None:
+        result = await _start_room(worker, room, ids, [1, 2])
+        worker.peers["decode"].dead = True  # lost before the forward's first WRITE is posted
+        work = worker.work[room]
+
+        def forward_over() -> bool:
+            return work.forward_done and not work.pending and not work.writing
+
+        assert await wait_until(forward_over, 30)
+        assert worker.table.status(room) == KVPoll.Failed
+        worker._settle(time.monotonic())  # and the settle loop runs all along
+        assert len(pool.pages.pages_of(room)) == 2, "pages freed while kernels still write them"
+        assert not result.done()
+        finished.set()  # the device catches up: the room is settled without further prodding
+        answer = await asyncio.wait_for(result, 30)
+        assert not answer["ok"] and answer["reason"] == "peer_lost", answer
+        assert pool.pages.pages_of(room) == [] and pool.pages.owners == 0
+        await worker.stop()
+
+    asyncio.run(main())
+    assert "submit" not in log  # nothing was posted, so nothing waited on the fences for us
+
+
+def test_a_compute_call_that_raises_drains_its_stream_before_the_pages_can_go() -> None:
+    log: list[str] = []
+    worker, _ = _prefill(Hub(), log, chunk_pages=2)
+    work = RoomWork(ids=[1, 2, 3])
+
+    def broken(*_: Any) -> Any:
+        raise RuntimeError("kernel launch failed half way")
+
+    worker.model.prefill_into = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="half way"):
+        worker._compute_chunk([0], [1, 2, 3], None, work)
+    assert log == ["record", "wait"]  # synchronized on its stream, then re-raised
+    assert work.fences == []
