@@ -34,9 +34,11 @@ FLAGS = [
     "--kv-pages", "8192",
 ]  # fmt: skip
 # The same on a GPU: the Llama-8B-like geometry (128 KiB per token, 4096 tokens = 512 MiB).
+# Pages: the worst case is 30 clients x 4096-token prompts / 64-token pages = 1920 pages held at
+# once; 2048 pages x 8 MiB = 16 GiB per pool (one per worker: fine on one H200's 141 GB).
 GPU_FLAGS = [
     "--layers", "32", "--heads", "8", "--head-dim", "128", "--page-size", "64", "--vocab", "1024",
-    "--dtype", "bfloat16", "--kv-pages", "1536",
+    "--dtype", "bfloat16", "--kv-pages", "2048",
 ]  # fmt: skip
 
 

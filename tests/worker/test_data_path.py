@@ -408,3 +408,143 @@ def test_notifications_are_drained_by_the_progress_thread_in_order_and_none_is_l
         transport._drain(0.0)
     got += transport.poll_notifs()["peer"]
     assert got == sent[5:] and transport.poll_notifs() == {}
+
+
+class DeviceEvent:
+    """A CUDA event stand-in whose kernels finish only when the test says so (`query` is
+    False until then); `synchronize` is what a waiting thread would block on."""
+
+    def __init__(self, log: list[str], finished: Any) -> None:
+        self.log = log
+        self.finished = finished  # a threading.Event: the device reached this event
+
+    def record(self) -> None:
+        self.log.append("record")
+
+    def synchronize(self) -> None:
+        self.log.append("wait")
+        assert self.finished.wait(30)
+
+    def query(self) -> bool:
+        return bool(self.finished.is_set())
+
+
+def test_a_failed_room_keeps_its_pages_until_its_kernels_finished() -> None:
+    """The room fails before its WRITE is posted (its decode is lost), so no transfer thread
+    waits for the chunk's fence; its pages must still not go back to the pool (where another
+    room's stream could rewrite them) while the kernels that write them may still run."""
+    import threading
+
+    from pdworker.contract import KVPoll
+    from pdworker.server import wait_until
+
+    hub, log = Hub(), []
+    worker, pool = _prefill(hub, log, chunk_pages=2)
+    MemoryTransport(hub, "decode", KVPool(CFG, 64, torch.device("cpu")).tensor)
+    finished = threading.Event()
+    worker.ordering = Ordering(
+        torch.device("cpu"), event_factory=lambda: DeviceEvent(log, finished)
+    )
+    room, ids = 9, list(range(1, 9))  # 2 pages, one chunk
+
+    async def main() -> None:
+        result = await _start_room(worker, room, ids, [1, 2])
+        worker.peers["decode"].dead = True  # lost before the forward's first WRITE is posted
+        work = worker.work[room]
+
+        def forward_over() -> bool:
+            return work.forward_done and not work.pending and not work.writing
+
+        assert await wait_until(forward_over, 30)
+        assert worker.table.status(room) == KVPoll.Failed
+        worker._settle(time.monotonic())  # and the settle loop runs all along
+        assert len(pool.pages.pages_of(room)) == 2, "pages freed while kernels still write them"
+        assert not result.done()
+        finished.set()  # the device catches up: the room is settled without further prodding
+        answer = await asyncio.wait_for(result, 30)
+        assert not answer["ok"] and answer["reason"] == "peer_lost", answer
+        assert pool.pages.pages_of(room) == [] and pool.pages.owners == 0
+        await worker.stop()
+
+    asyncio.run(main())
+    assert "submit" not in log  # nothing was posted, so nothing waited on the fences for us
+
+
+def test_a_compute_call_that_raises_drains_its_stream_before_the_pages_can_go() -> None:
+    log: list[str] = []
+    worker, _ = _prefill(Hub(), log, chunk_pages=2)
+    work = RoomWork(ids=[1, 2, 3])
+
+    def broken(*_: Any) -> Any:
+        raise RuntimeError("kernel launch failed half way")
+
+    worker.model.prefill_into = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="half way"):
+        worker._compute_chunk([0], [1, 2, 3], None, work)
+    assert log == ["record", "wait"]  # synchronized on its stream, then re-raised
+    assert work.fences == []
+
+
+def test_a_cancelled_decode_frees_its_pages_only_after_the_kv_read_returned() -> None:
+    """The client goes away while decode verifies and copies the landed KV on a compute thread:
+    the cleanup must not hand the pages back (a new room's WRITE could land in them) while that
+    call still reads them. The compute call itself checks that its pages are still the room's
+    when it ends."""
+    import threading
+    from types import SimpleNamespace
+
+    from pdworker.contract import KVPoll
+    from pdworker.decode import DecodeWork, DecodeWorker
+    from pdworker.server import wait_until
+
+    cfg = WorkerConfig(role="decode", model=CFG, device="cpu", kv_pages=16, bootstrap_token="k")
+    pool = KVPool(CFG, cfg.kv_pages, torch.device("cpu"))
+    worker = DecodeWorker(cfg, TinyModel(CFG, torch.device("cpu")), pool,
+                          MemoryTransport(Hub(), "decode", pool.tensor))  # fmt: skip
+    room, ids = 31, list(range(1, 10))  # 3 pages
+    entered, release = threading.Event(), threading.Event()
+    owned_when_read_ended: list[list[int]] = []
+
+    def slow_read(work: DecodeWork) -> tuple[bool, torch.Tensor]:
+        entered.set()
+        assert release.wait(30)
+        owned_when_read_ended.append(pool.pages.pages_of(room))
+        return True, torch.zeros(1)
+
+    async def ensure(_address: str) -> Any:
+        return SimpleNamespace(agent="p", address="127.0.0.1:9", pod="p", incarnation="p-1")
+
+    async def nothing(*_: Any) -> None:
+        return None
+
+    worker._verify_and_read = slow_read  # type: ignore[method-assign]
+    worker.links.ensure = ensure  # type: ignore[method-assign]
+    worker.links.register_room = nothing  # type: ignore[method-assign]
+    worker.links.send_abort = nothing  # type: ignore[method-assign]
+
+    async def main() -> None:
+        worker.table.create(room, "prealloc", time.monotonic())
+        work = DecodeWork(ids, 4, "127.0.0.1:9", asyncio.get_running_loop().create_future())
+        worker.work[room] = work
+        serving = asyncio.ensure_future(worker._serve(room, work))
+        assert await wait_until(
+            lambda: getattr(worker.table.get(room), "phase", "") == "transfer", 30
+        )
+        worker.table.update(room, KVPoll.Transferring, time.monotonic())  # the KV landed
+        work.n_chunks = 1
+        work.done.set_result(None)
+        assert await asyncio.to_thread(entered.wait, 30)
+        serving.cancel()  # the client disconnected: handle_generate fails the room, cleans up
+        with pytest.raises(asyncio.CancelledError):
+            await serving
+        worker._fail(room, "aborted", "client disconnected")
+        cleanup = asyncio.ensure_future(worker._cleanup(room, work))
+        # Give a cleanup that does not wait for the read the time to free the pages (this
+        # bounded wait only lets the bug show; the read's own check below is the assertion).
+        await asyncio.wait({cleanup}, timeout=1.0)
+        release.set()
+        await asyncio.wait_for(cleanup, 30)
+        assert pool.pages.owners == 0 and worker.table.get(room) is None
+
+    asyncio.run(main())
+    assert len(owned_when_read_ended) == 1 and len(owned_when_read_ended[0]) == 3

@@ -51,6 +51,9 @@ def test_chunks_in_flight_land_exactly_after_their_fence(device_name: str) -> No
     ordering = Ordering(device)
     model = TinyModel(CFG, device)
     stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    if stream is not None:
+        # The pools' zeros and the weights were made on the default stream: order after them.
+        stream.wait_stream(torch.cuda.current_stream(device))
     try:
         ids = [(i * 13) % CFG.vocab for i in range(40 * CFG.page_size - 5)]
         local = list(range(3, 43))  # 40 pages, in 5 chunks of 8

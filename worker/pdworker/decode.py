@@ -11,6 +11,8 @@ notifications and decoding, while /healthz keeps answering 200, as a wedged engi
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import logging
 import random
 import time
@@ -62,6 +64,9 @@ class DecodeWork:
     finished: bool = False
     transfer_started: float = 0.0
     untrusted: bool = False  # the bootstrap endpoint did not prove it is one of ours (403)
+    # The compute call reading the room's pages (`_verify_and_read`): it outlives a cancelled
+    # request, so cleanup waits for it before the pages can be freed and rewritten.
+    reading: concurrent.futures.Future[tuple[bool, torch.Tensor]] | None = None
 
 
 class DecodeWorker:
@@ -226,7 +231,8 @@ class DecodeWorker:
         loop = asyncio.get_running_loop()
         # The KV has landed (every chunk's notification and the meta arrived): verify it and
         # copy out what decoding needs on a compute thread, never on the event loop.
-        ok, kv = await loop.run_in_executor(self.compute, self._verify_and_read, work)
+        work.reading = self.compute.submit(self._verify_and_read, work)
+        ok, kv = await asyncio.wrap_future(work.reading)
         if not ok:
             self.metrics.checksum_mismatch.inc()
             self._fail(room, "transfer_error", "KV checksum mismatch")
@@ -259,14 +265,19 @@ class DecodeWorker:
         """(compute thread) check the landed KV against prefill's fingerprint; return the last
         layer's KV (a copy, so the pages can be freed while decoding goes on)."""
         pages = work.pages
-        corrupt = self.cfg.faults.corrupt_kv
-        if corrupt and random.random() < corrupt:
-            self._flip_one_byte(pages)
-        ok = True
-        spec = integrity.decode_spec(work.checksum)
-        if self.cfg.kv_verify != integrity.OFF and spec is not None:
-            ok = integrity.checksum(self.pool.tensor, pages, spec) == work.checksum
-        kv = self.pool.read_tokens(pages, len(work.ids), layers=slice(-1, None))
+        try:
+            corrupt = self.cfg.faults.corrupt_kv
+            if corrupt and random.random() < corrupt:
+                self._flip_one_byte(pages)
+            ok = True
+            spec = integrity.decode_spec(work.checksum)
+            if self.cfg.kv_verify != integrity.OFF and spec is not None:
+                ok = integrity.checksum(self.pool.tensor, pages, spec) == work.checksum
+            kv = self.pool.read_tokens(pages, len(work.ids), layers=slice(-1, None))
+        except BaseException:
+            with contextlib.suppress(Exception):  # kernels launched before the error finish
+                self.ordering.sync()
+            raise
         self.ordering.sync()  # the copy is done before the pages can be freed and rewritten
         return ok, kv
 
@@ -285,9 +296,31 @@ class DecodeWorker:
             self.metrics.failed.labels(reason=entry.reason or "aborted").inc()
         elif not work.finished:
             self.metrics.failed.labels(reason="aborted").inc()  # cancelled while decoding
-        self.pool.pages.free(room)
+        if not await self._reading_finished(work):
+            # Still running after the deadline (a hung device): the pages go back only when it
+            # returns. Until then a new room with this id cannot take pages (alloc refuses).
+            log.warning("room %d: KV read still running at cleanup; pages freed after it", room)
+            reading = work.reading
+            assert reading is not None
+            # (on the compute thread that finishes it; PagePool is thread-safe)
+            reading.add_done_callback(lambda _: self.pool.pages.free(room))
+        else:
+            self.pool.pages.free(room)
         self.table.clear(room)
         self.work.pop(room, None)
+
+    async def _reading_finished(self, work: DecodeWork) -> bool:
+        """Wait (up to the transfer deadline) for a compute call still reading the room's pages,
+        as after a cancelled request; its outcome does not matter here. True once none runs."""
+        reading = work.reading
+        if reading is None or reading.done():
+            return True
+        loop = asyncio.get_running_loop()
+        ended = asyncio.Event()
+        reading.add_done_callback(lambda _: loop.call_soon_threadsafe(ended.set))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ended.wait(), self.cfg.transfer_timeout)
+        return reading.done()
 
     def _rooms_lost(self, address: str, why: str) -> None:
         """A prefill is gone (or forgot us): fail every room bound to it, no ABORT needed."""

@@ -126,7 +126,9 @@ class KVPool:
 
     @property
     def device_id(self) -> int:
-        return (self.device.index or 0) if self.device.type == "cuda" else 0
+        # The GPU the pool really lives on: a bare "cuda" device has no index, and
+        # `device.index or 0` would name GPU 0 even when the current device is another one.
+        return int(self.tensor.get_device()) if self.tensor.is_cuda else 0
 
     @property
     def base_addr(self) -> int:

@@ -78,4 +78,7 @@ class Ordering:
 
 
 def _cuda_event() -> Any:
-    return torch.cuda.Event(blocking=False)  # type: ignore[no-untyped-call]
+    # blocking=True (cudaEventBlockingSync): a thread in `Fence.wait()` sleeps until the device
+    # reaches the event. With blocking=False `synchronize()` spin-waits, and every transfer
+    # thread waiting for its chunk's fence would burn a CPU core the event loop needs.
+    return torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]

@@ -96,6 +96,11 @@ class RoomWork:
     wire_seconds: float = 0.0
     forward_seconds: float = 0.0  # compute-thread time of this room's chunks (forward, scatter)
     slot: asyncio.Event = field(default_factory=asyncio.Event)  # a chunk of the room finished
+    # One fence per computed chunk (appended by the compute thread, under PrefillWorker.lock).
+    # The room's pages are freed only once all have passed: a failed room skips its queued
+    # WRITEs without waiting for their fences, and `forward_done` means the Python calls
+    # returned, not that the device finished the kernels they launched.
+    fences: list[Fence] = field(default_factory=list)
     meta: builtins.bytes | None = None  # set with the last chunk: first token and KV checksum
     decode_aborted: bool = False
     result: dict[str, Any] = field(default_factory=dict)
@@ -290,6 +295,7 @@ class PrefillWorker:
                         pages,
                         ids,
                         (local, fences) if last else None,
+                        work,
                     )
                     # shield: a cancelled forward must not lose track of a running compute call
                     fence, result, seconds = await asyncio.shield(computing)
@@ -330,24 +336,38 @@ class PrefillWorker:
         self.wake.set()
 
     def _compute_chunk(
-        self, pages: list[int], ids: list[int], room: tuple[list[int], list[Fence]] | None
+        self,
+        pages: list[int],
+        ids: list[int],
+        room: tuple[list[int], list[Fence]] | None,
+        work: RoomWork | None = None,
     ) -> tuple[Fence, dict[str, Any] | None, float]:
         """(compute thread) KV of `ids` into `pages`; on the last chunk (`room` = all the room's
         pages and the earlier chunks' fences) also the first token and the room's KV checksum.
-        Returns a fence after all of it (NIXL must wait for it)."""
+        Returns a fence after all of it (NIXL must wait for it), also kept in `work.fences` so
+        the pages are not freed before it passed. If anything raises after kernels were
+        launched, the stream is drained first: the caller then frees pages nothing writes."""
         began = time.perf_counter()
-        last_hidden = self.model.prefill_into(self.pool, pages, ids)
-        result = None
-        if room is not None:
-            room_pages, earlier = room
-            for fence in earlier:  # earlier chunks ran on other threads' streams
-                fence.wait()
-            spec = integrity.plan(self.cfg.kv_verify, len(room_pages))
-            result = {
-                "first_token": self.model.first_token(last_hidden),
-                "kv_checksum": integrity.checksum(self.pool.tensor, room_pages, spec),
-            }
-        fence = self.ordering.fence()
+        try:
+            last_hidden = self.model.prefill_into(self.pool, pages, ids)
+            result = None
+            if room is not None:
+                room_pages, earlier = room
+                for fence in earlier:  # earlier chunks ran on other threads' streams
+                    fence.wait()
+                spec = integrity.plan(self.cfg.kv_verify, len(room_pages))
+                result = {
+                    "first_token": self.model.first_token(last_hidden),
+                    "kv_checksum": integrity.checksum(self.pool.tensor, room_pages, spec),
+                }
+            fence = self.ordering.fence()
+        except BaseException:
+            with contextlib.suppress(Exception):  # a broken device: nothing more will run
+                self.ordering.sync()
+            raise
+        if work is not None:
+            with self.lock:
+                work.fences.append(fence)
         return fence, result, time.perf_counter() - began
 
     async def _chunk_slot(self, room: int, work: RoomWork) -> bool:
@@ -529,6 +549,9 @@ class PrefillWorker:
                     continue  # chunk jobs still hold our pages or decode's
                 if work is not None and work.forward_started and not work.forward_done:
                     continue  # the forward pass still writes into our pages
+                if work is not None and not _fences_passed(work):
+                    continue  # kernels of the room still write its pages: settled on a later
+                    # pass (the loop polls every poll_interval while the room is in the table)
                 binding = self.bindings.pop(room, None)
                 self.work.pop(room, None)
                 peer = self.peers.get(binding.agent) if binding else None
@@ -731,3 +754,16 @@ class PrefillWorker:
                 return False
             peer.last_seen = mono()
             return True
+
+
+def _fences_passed(work: RoomWork) -> bool:
+    """(under PrefillWorker.lock) whether the device finished every chunk of the room (a
+    non-blocking query; passed fences are dropped so a room is not queried twice for them)."""
+    while work.fences:
+        try:
+            if not work.fences[-1].passed():
+                return False
+        except Exception:  # a device error: nothing launched on it runs any more
+            log.exception("querying a KV fence failed; treating it as passed")
+        work.fences.pop()
+    return True
