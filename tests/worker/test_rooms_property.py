@@ -196,6 +196,19 @@ def test_page_pool_alloc_free() -> None:
     assert pool.free_count == 4
 
 
+def test_page_pool_hands_out_ascending_runs_again_after_free() -> None:
+    """NIXL merges consecutive pages into one descriptor only in ascending order on both
+    sides; a freed room's pages must come back in that order, not reversed."""
+    pool = PagePool(64)
+    assert pool.alloc(1, 8) == list(range(8))
+    assert pool.alloc(2, 8) == list(range(8, 16))
+    pool.free(1)
+    assert pool.alloc(3, 8) == list(range(8))
+    pool.free(2)
+    pool.free(3)
+    assert pool.alloc(4, 16) == list(range(16))
+
+
 def _legacy_wedges(events: list[tuple]) -> bool:
     h = Harness(legacy=True)
     for event in events:

@@ -2,6 +2,10 @@
 
 Pure and thread-safe; the tensor itself lives in model.KVPool. Freeing is by owner and
 idempotent, so every exit path of a room can call `free(room)` without double-free worries.
+Pages come out in ascending runs where the free list allows (freed pages go back so that the
+next allocation takes them in the same order): NIXL merges a run of consecutive pages on both
+sides into one descriptor, so ordered pages mean fewer, larger copies (one per chunk on a quiet
+pool) instead of one per page.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ class PagePool:
     def free(self, owner: int) -> int:
         with self._lock:
             pages = self._owned.pop(owner, [])
-            self._free.extend(pages)
+            self._free.extend(reversed(pages))  # a stack: popped again in ascending order
             return len(pages)
 
     def pages_of(self, owner: int) -> list[int]:
