@@ -20,11 +20,12 @@ from typing import Any
 import yaml
 
 from e2e.fixtures import REPO_ROOT, Cluster, OperatorProcess, create_namespace
-from e2e.pdtools import apply, get_json, http, merge, pod_condition
+from e2e.pdtools import apply, get_json, http, merge, pod_condition, scrape
 from pdwarden.api import parse_spec
 from pdwarden.constants import LABEL_SERVING
 from pdwarden.render import Owner
 from pdwarden.render.deployment import render_deployment
+from pdworker import contract as c
 
 POLICY_CRD = REPO_ROOT / "crds" / "pdremediationpolicies.pdwarden.dev.yaml"
 WEDGE_AFTER, RESTART_AFTER = 4, 5
@@ -87,6 +88,28 @@ class Pool:
         url = f"http://{pod['status']['podIP']}:8000/admin/decode-stall"
         code, body = http("POST", url, {}, token=self.token)
         assert code == 200, body
+
+    def load_onto(self, pod: dict[str, Any], tries: int = 5) -> None:
+        """Send load through the router until the (stalled) decode `pod` holds rooms.
+
+        The router picks a decode pod at random among those its discovery listed (refreshed
+        every 2 s), so one load can miss a pod that was just recreated; fast workers finish 24
+        requests before the next refresh. The pod's own queue gauges say when it has rooms."""
+        url = f"http://{pod['status']['podIP']}:8000/metrics"
+        queues = (c.DECODE_PREALLOC_QUEUE, c.DECODE_TRANSFER_QUEUE, c.DECODE_RUNNING)
+
+        def held() -> bool:
+            try:
+                metrics = scrape(url)
+            except OSError:  # gone: only a held room makes the policy restart a pod
+                return True
+            return sum(v for k, v in metrics.items() if k.split("{")[0] in queues) > 0
+
+        for _ in range(tries):
+            self.load()
+            if held():
+                return
+        raise AssertionError(f"{tries} loads left no room on {pod['metadata']['name']}")
 
     def load(self, requests: int = 24) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:

@@ -148,7 +148,7 @@ def test_dry_run_reports_and_does_nothing(pool: Pool) -> None:
     victim = victim_of(pool)
     before = group_of(pool, victim)
     pool.stall(victim)
-    pool.load()
+    pool.load_onto(victim)
     dry_run_only_reports(pool)
     assert group_of(pool, victim) == before
     assert pool.pod(victim["metadata"]["name"])["metadata"]["labels"][LABEL_SERVING] == "true"
@@ -160,7 +160,7 @@ def test_enforce_evicts_the_stalled_leader_and_lws_recreates_its_group(pool: Poo
     before = group_of(pool, victim)
     pool.stall(victim)  # idempotent: still stalled if the DryRun scenario ran first
     pool.apply_policy(mode="Enforce")
-    pool.load()
+    pool.load_onto(victim)
 
     def recreated() -> Any:
         now = group_of(pool, victim)

@@ -65,7 +65,7 @@ def test_dry_run_reports_and_does_nothing(pool: Pool) -> None:
     pool.apply_policy(mode="DryRun")
     victim = victim_of(pool)
     pool.stall(victim)
-    pool.load()
+    pool.load_onto(victim)
     st = dry_run_only_reports(pool)
     now = pool.pod(victim["metadata"]["name"])
     assert now["metadata"]["uid"] == victim["metadata"]["uid"]
@@ -78,7 +78,7 @@ def test_enforce_cordons_by_label_and_evicts_the_stalled_decode(pool: Pool) -> N
     name = victim["metadata"]["name"]
     pool.stall(victim)  # idempotent: still stalled if the DryRun scenario ran first
     pool.apply_policy(mode="Enforce", restartAfterSeconds=600)  # cordon first, restart later
-    pool.load()
+    pool.load_onto(victim)
 
     def cordoned() -> bool:
         return pool.pod(name)["metadata"]["labels"].get(LABEL_SERVING) == "false"
@@ -127,7 +127,7 @@ def test_a_pdb_that_forbids_the_eviction_is_honoured(pool: Pool) -> None:
     victim = victim_of(pool)
     name = victim["metadata"]["name"]
     pool.stall(victim)
-    pool.load()
+    pool.load_onto(victim)
 
     def held() -> Any:
         return [h for h in pool.status().get("heldBack") or [] if h["pod"] == name]
