@@ -25,26 +25,31 @@ NAMES = ("kv_transfer", "kv_storm", "request_path", "abort_storm", "recovery", "
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("bench")
-    procs = {
-        name: subprocess.Popen(
-            [sys.executable, "-m", f"bench.{name}", "--quick", "--out", str(out)],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for name in NAMES
-    }
     got: dict[str, Any] = {}
-    for name, proc in procs.items():
-        output, _ = proc.communicate(timeout=300)
-        path = out / f"{name}-quick.json"
-        got[name] = {
-            "rc": proc.returncode,
-            "output": output[-3000:],
-            "data": json.loads(path.read_text()) if path.exists() else None,
-            "png": (out / f"{name}-quick.png").stat().st_size if path.exists() else 0,
+    # The others run side by side; `recovery` runs alone afterwards: it times the operator's
+    # detection with a 1 s scrape and a 2 s window, which five other benchmarks saturating two
+    # cores can turn into findings about a healthy long prefill (once in CI, 3 findings, 0
+    # actions; not reproduced in three parallel reruns).
+    for group in ([n for n in NAMES if n != "recovery"], ["recovery"]):
+        procs = {
+            name: subprocess.Popen(
+                [sys.executable, "-m", f"bench.{name}", "--quick", "--out", str(out)],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for name in group
         }
+        for name, proc in procs.items():
+            output, _ = proc.communicate(timeout=300)
+            path = out / f"{name}-quick.json"
+            got[name] = {
+                "rc": proc.returncode,
+                "output": output[-3000:],
+                "data": json.loads(path.read_text()) if path.exists() else None,
+                "png": (out / f"{name}-quick.png").stat().st_size if path.exists() else 0,
+            }
     return got
 
 
@@ -116,7 +121,7 @@ def test_recovery(results: dict[str, Any]) -> None:
     assert "CordonDecode" in kinds and "RestartDecode" in kinds
     assert "abort_race" in sc and data["without_pdwarden"]["abort_race_seconds"] is None
     lp = data["long_prefill_false_positives"]
-    assert lp["pdworker"]["false_positives"] == 0 and lp["pdworker"]["request_ok"]
+    assert lp["pdworker"]["false_positives"] == 0 and lp["pdworker"]["request_ok"], lp["pdworker"]
     assert lp["sglang"]["false_positives"] == 0 and lp["sglang"]["control_wedge_findings"] > 0
 
 
