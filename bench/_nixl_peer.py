@@ -37,19 +37,14 @@ os.environ.setdefault("UCX_NET_DEVICES", "lo")
 import torch
 
 from pdworker.compute import indexed
-from pdworker.nixl_loader import load_nixl
 from pdworker.transfer import DRAIN_ACTIVE_S as DRAIN_S
+from pdworker.transfer import make_agent
 
 
 def _agent(name: str) -> Any:
-    api = load_nixl().api
-    # As pdworker's transport: NIXL's own progress thread off (it spins a core per agent), the
-    # target progresses UCX by draining notifications every DRAIN_S, the initiator by polling.
-    config = api.nixl_agent_config(
-        enable_prog_thread=False, backends=["UCX"], num_threads=0,
-        sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT,
-    )  # fmt: skip
-    return api.nixl_agent(name, config)
+    # As pdworker's transport: NIXL's own progress thread off; the target progresses UCX by
+    # draining notifications every DRAIN_S, the initiator by polling.
+    return make_agent(name)
 
 
 def _device(args: argparse.Namespace) -> tuple[torch.device, str, int]:

@@ -12,7 +12,7 @@ the way the hardware wants it and follows the rules learned from SGLang's and NI
   handle's `done` exactly once, after the handle is released, so the caller may reuse the pages;
 * that thread is also the only one that progresses UCX: NIXL's own progress thread is off, since
   the Python API hard-codes its poll delay to 0 ms and it spins a core per agent even when idle
-  (measured: 2.0 CPU-seconds per 3 s idle, two thirds in the kernel; prefill plus decode took
+  (measured: 2.0 CPU-seconds per 3 s idle, four fifths in the kernel; prefill plus decode took
   1.3 of this machine's 2 cores doing nothing). Between rounds, and every few milliseconds when
   idle, the thread drains NIXL's notifications into a bounded buffer that `poll_notifs` hands
   over, so no UCX call runs on the caller's event loop;
@@ -133,6 +133,17 @@ class _Live:
     next_release: float = 0.0
 
 
+def make_agent(name: str, backend: str = "UCX") -> Any:
+    """A NIXL agent as pdworker runs one (the bench's raw peers too): NIXL's own progress
+    thread off (see the module docstring), thread-safe calls, one backend."""
+    api = load_nixl().api
+    config = api.nixl_agent_config(
+        enable_prog_thread=False, backends=[backend], num_threads=0,
+        sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT,
+    )  # fmt: skip
+    return api.nixl_agent(name, config)
+
+
 class NixlTransport:
     """NIXL agent with the UCX backend; one per process incarnation (the name says which)."""
 
@@ -150,12 +161,7 @@ class NixlTransport:
         self._bindings = nixl.bindings
         self.name = name
         self.mem_type = mem_type
-        api = nixl.api
-        config = api.nixl_agent_config(
-            enable_prog_thread=False, backends=[backend], num_threads=0,
-            sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT,
-        )  # fmt: skip
-        agent = api.nixl_agent(name, config)
+        agent = make_agent(name, backend)
         self._pool = pool_tensor  # registered memory must outlive its registration
         self._reg = agent.register_memory(pool_tensor)
         local = agent.prep_xfer_dlist(
