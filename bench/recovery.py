@@ -48,10 +48,10 @@ from e2e.httpjson import http
 from bench import common, harness
 from bench._metrics_sim import SglangPlayer
 from pdwarden.api import LedgerEntry, RemediationSpec
-from pdwarden.remediation.detect.rules import PodView, detect
+from pdwarden.remediation.detect.rules import PodView, detect, working_rooms
 from pdwarden.remediation.policy.plan import DecodePod, plan
 from pdwarden.remediation.scrape.client import Target, WorkerClient
-from pdwarden.remediation.scrape.samples import Sample
+from pdwarden.remediation.scrape.samples import RoomView, Sample
 
 SMALL = [
     "--layers", "2", "--heads", "2", "--head-dim", "16", "--page-size", "4", "--vocab", "1024",
@@ -96,6 +96,7 @@ class Pod:
     generation: int = 0
     cordoned_since: datetime | None = None
     samples: deque[Sample] = field(default_factory=deque)
+    rooms: deque[tuple[float, tuple[RoomView, ...]]] = field(default_factory=deque)
 
     @property
     def uid(self) -> str:
@@ -121,6 +122,7 @@ class OperatorLoop:
         self.events: list[dict[str, Any]] = []
         self.findings = 0
         self.finding_log: list[dict[str, Any]] = []
+        self.errors: list[str] = []  # cycles that raised (the loop goes on), the first 20
         self.stop = threading.Event()
         self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
         self.t0 = time.monotonic()
@@ -137,7 +139,13 @@ class OperatorLoop:
         try:
             while not self.stop.is_set():
                 began = time.monotonic()
-                await self.cycle()
+                try:
+                    await self.cycle()
+                except Exception as exc:  # like the operator's own loop: record it, go on
+                    if len(self.errors) < 20:
+                        self.errors.append(
+                            f"t={time.monotonic() - self.t0:.2f}: {type(exc).__name__}: {exc}"
+                        )
                 await asyncio.sleep(
                     max(0.0, self.spec.scrape_interval_seconds - (time.monotonic() - began))
                 )
@@ -163,10 +171,14 @@ class OperatorLoop:
                 p.samples.append(r.sample)
                 while r.sample.at - p.samples[0].at > keep:
                     p.samples.popleft()
+                if r.rooms is not None:
+                    p.rooms.append((r.sample.at, working_rooms(r.rooms)))
+                while p.rooms and r.sample.at - p.rooms[0][0] > keep:
+                    p.rooms.popleft()
             stale = r.sample is None
             views.append(PodView(name=p.proc.name, role=p.role, uid=p.uid,
                                  history=tuple(p.samples), rooms=r.rooms, stale=stale,
-                                 error=r.error))  # fmt: skip
+                                 error=r.error, recent_rooms=tuple(p.rooms)))  # fmt: skip
             if p.role == "decode":
                 decodes.append(DecodePod(p.proc.name, p.uid, ready=not stale,
                                          cordoned_since=p.cordoned_since, stale=stale))  # fmt: skip
@@ -197,6 +209,7 @@ class OperatorLoop:
                 pod.generation += 1
                 pod.cordoned_since = None  # a new pod starts without the cordon condition
                 pod.samples.clear()
+                pod.rooms.clear()
             self.ledger.append(LedgerEntry(time=now, action=action.kind, pod=action.pod,
                                            peer=action.peer, rooms=action.room_count,
                                            reason=action.reason[:500]))  # fmt: skip
@@ -275,6 +288,7 @@ def abort_race(settings: dict[str, Any], quick: bool) -> dict[str, Any]:
         "onset_to_clean_seconds": (clean_at - onset) if clean_at and onset else None,
         "actions": loop.events,
         "findings": loop.findings,
+        "loop_errors": loop.errors,
     }
 
 
@@ -326,6 +340,7 @@ def stalled_decode(settings: dict[str, Any], quick: bool) -> dict[str, Any]:
         "onset_to_rooms_drained_seconds": drained_at - onset,
         "onset_to_pool_whole_seconds": whole_at - onset,
         "actions": loop.events,
+        "loop_errors": loop.errors,
     }
 
 
@@ -358,6 +373,7 @@ def long_prefill(settings: dict[str, Any]) -> dict[str, Any]:
         "false_positives": loop.findings + len(loop.events),
         "finding_log": loop.finding_log[:10],
         "action_log": loop.events[:10],
+        "loop_errors": loop.errors,
     }
 
 
@@ -410,6 +426,7 @@ def long_prefill_sglang(settings: dict[str, Any]) -> dict[str, Any]:
         "actions": actions,
         "false_positives": findings + actions,
         "control_wedge_findings": loop.findings - findings,
+        "loop_errors": loop.errors,
     }
 
 

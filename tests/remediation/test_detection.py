@@ -11,10 +11,12 @@ from typing import Any
 
 from pdwarden.remediation.detect.rules import (
     MAX_ROOMS_PER_FINDING,
+    MAX_WORKING_PEERS,
     Detection,
     PodView,
     decode_stalled,
     detect,
+    working_rooms,
 )
 from pdwarden.remediation.scrape.samples import RoomView, Sample
 
@@ -353,6 +355,42 @@ def test_a_decode_waiting_for_kv_on_the_way_is_not_stalled() -> None:
     stuck = prefill([room(1, "inflight", 61, peer="d-0")])
     d = detect([stuck, waiting], WEDGE_AFTER)
     assert [f.reason for f in d.findings] == ["InflightStuck", "DecodeStalled"]
+
+
+def test_a_decode_whose_prefill_finished_between_two_reads_is_not_stalled() -> None:
+    """The prefill's room succeeded after the decode's sample was read but before the
+    prefill's rooms were: the latest list no longer has it while the decode still queues the
+    request with nothing moved (bench/recovery: the long prefill's last cycle). A prefill that
+    worked for the decode at an earlier scrape of the window is enough."""
+    waiting = decode("d-0", history=series(20, transfer_queue=1, generated_tokens=500))
+    last = waiting.history[-1].at
+    hist = series(20, inflight_queue=0)
+    earlier = ((last - STEP, (room(1, "forward", 88, peer="d-0"),)),)
+    finished = PodView("p-0", "prefill", "uid-p-0", hist, (), recent_rooms=earlier)
+    assert detect([finished, waiting], WEDGE_AFTER).stalled_decodes == frozenset()
+    # Work seen before the window does not excuse a whole window of nothing.
+    long_ago = ((last - WEDGE_AFTER - STEP, (room(1, "forward", 88, peer="d-0"),)),)
+    old = PodView("p-0", "prefill", "uid-p-0", hist, (), recent_rooms=long_ago)
+    assert detect([old, waiting], WEDGE_AFTER).stalled_decodes == frozenset({"d-0"})
+    # Nor does a room that was already wedged in the inflight queue at that earlier scrape.
+    wedged = ((last - STEP, (room(1, "inflight", 61, peer="d-0"),)),)
+    stuck = PodView("p-0", "prefill", "uid-p-0", hist, (), recent_rooms=wedged)
+    assert detect([stuck, waiting], WEDGE_AFTER).stalled_decodes == frozenset({"d-0"})
+
+
+def test_working_rooms_keep_one_room_per_peer_and_are_bounded() -> None:
+    rooms = [
+        room(1, "inflight", 30, peer="d-0"),
+        room(2, "inflight", 5, peer="d-0"),  # younger: kept over room 1
+        room(3, "bootstrap", 1),  # no peer yet, not working for anyone
+        room(4, "inflight", 9, peer="d-1"),
+        room(5, "forward", 70, peer="d-1"),  # computing beats any inflight room
+        room(6, "inflight", 2, peer="d-1"),
+    ]
+    kept = {r.peer_pod: (r.room, r.phase) for r in working_rooms(rooms)}
+    assert kept == {"d-0": (2, "inflight"), "d-1": (5, "forward")}
+    many = [room(i, "forward", 1, peer=f"d-{i}") for i in range(MAX_WORKING_PEERS + 50)]
+    assert len(working_rooms(many)) == MAX_WORKING_PEERS
 
 
 def test_without_rooms_from_every_prefill_only_stuck_running_requests_are_a_stall() -> None:

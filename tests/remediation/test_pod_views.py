@@ -135,3 +135,24 @@ def test_a_rooms_peer_is_named_by_the_verified_address_never_by_its_own_word() -
     assert prefill.rooms is not None
     peers = {r.room: (r.peer_pod, r.peer_incarnation) for r in prefill.rooms}
     assert peers == {1: ("pd-decode-0", "inc-1"), 2: ("127.0.9.9", "inc-1"), 3: (None, None)}
+
+
+def test_working_rooms_of_earlier_scrapes_are_kept_for_the_window_and_named_by_address() -> None:
+    targets = [
+        WorkerPod("pd-prefill-0", "u-p0", "prefill", "127.0.1.1", rooms=True),
+        WorkerPod("pd-decode-0", "u-d0", "decode", "127.0.2.1", rooms=False),
+    ]
+    mem = DeploymentMemory()
+    lists = {1.0: [RoomView(7, "forward", 3.0, "pd-decode-9", "inc-1", "127.0.2.1")],
+             6.0: [], 11.0: [RoomView(8, "done", 0.0, None, None, None)]}  # fmt: skip
+    for at, rooms in lists.items():
+        obs = {t.uid: observation(t.uid, Sample(at=at), rooms if t.rooms else None, None)
+               for t in targets}  # fmt: skip
+        remember(mem, list(obs.values()), keep_seconds=10.0)
+    (prefill, decode) = pod_views(targets, obs, mem, mono=11.0, interval=5.0)
+    assert [at for at, _ in prefill.recent_rooms] == [1.0, 6.0, 11.0]
+    assert [(r.room, r.peer_pod) for r in prefill.recent_rooms[0][1]] == [(7, "pd-decode-0")]
+    assert prefill.recent_rooms[2][1] == ()  # a room in no working phase is not kept
+    assert decode.recent_rooms == ()
+    remember(mem, [observation("u-p0", Sample(at=12.0), [], None)], keep_seconds=10.0)
+    assert [at for at, _ in mem.pods["u-p0"].rooms] == [6.0, 11.0, 12.0]

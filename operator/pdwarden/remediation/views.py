@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from pdwarden.api import LedgerEntry
 from pdwarden.constants import CONDITION_SERVING, LABEL_ROLE, ROLE_DECODE, ROLE_PREFILL
-from pdwarden.remediation.detect.rules import Detection, Finding, PodView
+from pdwarden.remediation.detect.rules import Detection, Finding, PodView, working_rooms
 from pdwarden.remediation.policy.plan import DecodePod
 from pdwarden.remediation.scrape import sanitize
 from pdwarden.remediation.scrape.samples import RoomView, Sample
@@ -52,6 +52,9 @@ class Observation:
 @dataclass
 class PodMemory:
     samples: deque[Sample] = field(default_factory=deque)
+    # (sample time, working rooms) of each good scrape that read rooms: detection asks whether a
+    # prefill worked for a decode anywhere in the window, not only in the latest list.
+    rooms: deque[tuple[float, tuple[RoomView, ...]]] = field(default_factory=deque)
     last_error: str | None = None
     last_ok: float | None = None
 
@@ -125,6 +128,10 @@ def remember(
         pm.samples.append(o.sample)
         while pm.samples and o.sample.at - pm.samples[0].at > keep_seconds:
             pm.samples.popleft()
+        if o.rooms is not None:
+            pm.rooms.append((o.sample.at, working_rooms(o.rooms)))
+        while pm.rooms and o.sample.at - pm.rooms[0][0] > keep_seconds:
+            pm.rooms.popleft()
 
 
 def is_stale(pm: PodMemory, mono: float, interval: float) -> bool:
@@ -166,10 +173,11 @@ def pod_views(
         pm = mem.pods.get(t.uid, PodMemory())
         o = observations.get(t.uid)
         rooms = None if o is None or o.rooms is None else attribute_peers(o.rooms, decode_ips)
+        recent = tuple((at, attribute_peers(rs, decode_ips)) for at, rs in pm.rooms)
         views.append(
             PodView(
                 name=t.name, role=t.role, uid=t.uid, history=tuple(pm.samples),
-                rooms=rooms,
+                rooms=rooms, recent_rooms=recent,
                 stale=is_stale(pm, mono, interval) or o is None, error=pm.last_error,
             )
         )  # fmt: skip

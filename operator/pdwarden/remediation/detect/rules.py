@@ -20,8 +20,10 @@ functions over recorded data, unit-tested on sample series. The rules:
   throughput gauge is no evidence, since a hung scheduler freezes its gauges), no request
   finished (and, for requests only queued, no KV arrived). Only signals that move while
   requests run can prove a stall (`scrape.engines`: never a counter that moves only when a
-  request ends). Requests merely queued (prealloc, transfer) count only when no prefill may
-  still be computing a room for that pod or sending its KV; requests *running* always do.
+  request ends). Requests merely queued (prealloc, transfer) count only when no prefill was
+  computing a room for that pod or sending its KV at any scrape of the window (a room that
+  succeeded a moment before its prefill's rooms were read is gone from the latest list, while
+  the decode's sample, read a moment earlier, still queues it); requests *running* always do.
 
 A pod whose metrics are stale or missing is *unknown*: never healthy, never wedged.
 """
@@ -39,6 +41,7 @@ Reason = Literal["InflightStuck", "PeerIncarnationGone", "InflightGaugeStuck", "
 INFLIGHT_PHASE = "inflight"
 FORWARD_PHASE = "forward"
 MAX_ROOMS_PER_FINDING = 256
+MAX_WORKING_PEERS = 256  # peers remembered per earlier rooms list (`working_rooms`)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,9 @@ class PodView:
     rooms: tuple[RoomView, ...] | None = None  # pdworker prefill only
     stale: bool = False
     error: str | None = None
+    # pdworker prefill only: (sample time, `working_rooms`) of this and earlier scrapes, oldest
+    # first, so a decode that was waited on anywhere in the window is not judged on one list.
+    recent_rooms: tuple[tuple[float, tuple[RoomView, ...]], ...] = ()
 
     @property
     def latest(self) -> Sample | None:
@@ -243,11 +249,41 @@ def _prefill_findings(
     return findings
 
 
+def _working(room: RoomView, window_seconds: float) -> bool:
+    """The prefill computes this room (phase `forward`) or sends its KV (phase `inflight`,
+    younger than the window): its decode waits legitimately until the room is old enough to be
+    InflightStuck on the prefill side."""
+    return room.phase == FORWARD_PHASE or (
+        room.phase == INFLIGHT_PHASE and room.phase_seconds <= window_seconds
+    )
+
+
+def working_rooms(rooms: Sequence[RoomView]) -> tuple[RoomView, ...]:
+    """What `_decodes_waiting_on_prefill` needs of a rooms list to judge it later: for each
+    peer (verified address and named pod), its room computing if any, else its youngest room
+    inflight; at most MAX_WORKING_PEERS of them. A shell keeps this, not whole lists."""
+    best: dict[tuple[str | None, str | None], RoomView] = {}
+    for r in rooms:
+        if r.phase not in (FORWARD_PHASE, INFLIGHT_PHASE):
+            continue
+        key = (r.peer_ip, r.peer_pod)
+        held = best.get(key)
+        if held is None:
+            if len(best) < MAX_WORKING_PEERS:
+                best[key] = r
+        elif held.phase == INFLIGHT_PHASE and (
+            r.phase == FORWARD_PHASE or r.phase_seconds < held.phase_seconds
+        ):
+            best[key] = r
+    return tuple(best.values())
+
+
 def _decodes_waiting_on_prefill(
     pods: Sequence[PodView], window_seconds: float
 ) -> frozenset[str] | _Everyone:
-    """Decode pods that some prefill is still computing a room for (phase `forward`), or is
-    sending one's KV to (phase `inflight`, younger than the window).
+    """Decode pods that some prefill was computing a room for (phase `forward`), or sending
+    one's KV to (phase `inflight`, younger than the window), at a scrape inside the window:
+    its latest rooms, and `recent_rooms` no older than the window.
 
     A prefill without a rooms API (SGLang) may be computing for anyone unless its metrics show
     it idle over the window: its prompt-token counter flat and nothing running, waiting or
@@ -275,16 +311,13 @@ def _decodes_waiting_on_prefill(
             if not idle:
                 return EVERYONE
             continue
+        since = pod.latest.at - window_seconds
+        lists = [pod.rooms, *(rooms for at, rooms in pod.recent_rooms if at >= since)]
         names |= {
             r.peer_pod
-            for r in pod.rooms
-            if r.peer_pod
-            and (
-                r.phase == FORWARD_PHASE
-                # Its KV is on the way: the decode waits legitimately until the room is old
-                # enough to be InflightStuck on the prefill side.
-                or (r.phase == INFLIGHT_PHASE and r.phase_seconds <= window_seconds)
-            )
+            for rooms in lists
+            for r in rooms
+            if r.peer_pod and _working(r, window_seconds)
         }
     return frozenset(names)
 
