@@ -13,6 +13,10 @@ line each (answers are stdout lines prefixed `BENCH `, since NIXL itself may pri
   every chunk posted at once, completions from its progress thread, then the final notification.
 * `memcpy`: torch `copy_` of the same bytes inside the initiator (the memory bound; on CUDA
   followed by a synchronize).
+* `raw_beside_forward` (with `--forward-geometry`): raw WRITEs of `--chunk-bytes` each, one
+  after the other, while another thread of the initiator runs pdworker's tiny-model forward
+  pass (`TinyModel.prefill_into`, into a pool of its own) without pause: what the hardware
+  gives a prefill that computes its next chunk while it sends this one, as pdworker does.
 
 `--device cuda` puts both buffers in VRAM (the two processes share one GPU).
 
@@ -24,11 +28,13 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +53,10 @@ def _agent(name: str) -> Any:
     return make_agent(name)
 
 
+def _zeros(size: int, device: torch.device) -> torch.Tensor:
+    return torch.zeros(size, dtype=torch.uint8, device=device)
+
+
 def _device(args: argparse.Namespace) -> tuple[torch.device, str, int]:
     device = indexed(torch.device(args.device))
     if device.type == "cuda":
@@ -59,7 +69,7 @@ def target(args: argparse.Namespace) -> None:
     name = f"bench-target-{os.getpid()}"
     agent = _agent(name)
     device, mem_type, dev_id = _device(args)
-    buf = torch.zeros(args.size, dtype=torch.uint8, device=device)
+    buf = _zeros(args.size, device)
     agent.register_memory(buf)
     meta = {
         "agent": name,
@@ -89,9 +99,8 @@ class Initiator:
         self.device, self.mem_type, self.dev_id = _device(args)
         remote_dev = int(meta.get("device_id", 0))
         gen = torch.Generator().manual_seed(1)
-        self.src = torch.randint(0, 256, (args.size,), dtype=torch.uint8, generator=gen).to(
-            self.device
-        )
+        self.src = _zeros(args.size, self.device)
+        self.src.copy_(torch.randint(0, 256, (args.size,), dtype=torch.uint8, generator=gen))
         self.raw = _agent(f"bench-raw-{os.getpid()}")
         self.raw.register_memory(self.src)
         self.raw.add_remote_agent(metadata)
@@ -111,8 +120,11 @@ class Initiator:
             remote = [(self.remote_addr + i * self.page_bytes, self.page_bytes, remote_dev)
                       for i in range(npages)]  # fmt: skip
             self.transport.add_peer(self.remote_name, metadata, remote, self.mem_type)
+        self.forward: _ForwardLoad | None = None
+        if args.forward_geometry:
+            self.forward = _ForwardLoad(args.forward_geometry, args.chunk_bytes, self.device)
         if args.memcpy:
-            self.dst = torch.empty_like(self.src)
+            self.dst = _zeros(args.size, self.device)
             self.dst.copy_(self.src)  # touch the pages once
             self._sync()
 
@@ -135,6 +147,30 @@ class Initiator:
         agent.release_xfer_handle(handle)
         if state != "DONE":
             raise RuntimeError(f"raw NIXL WRITE ended in {state}")
+        return elapsed
+
+    def run_raw_beside_forward(self, nbytes: int, chunk_bytes: int = 0) -> float:
+        assert self.forward is not None, "start the initiator with --forward-geometry"
+        step = chunk_bytes or self.chunk_pages * self.page_bytes
+        agent = self.raw
+        base = int(self.src.data_ptr())
+        with self.forward.running():
+            elapsed = 0.0
+            for offset in range(0, nbytes, step):
+                size = min(step, nbytes - offset)
+                local = agent.get_xfer_descs([(base + offset, size, self.dev_id)], self.mem_type)
+                remote = agent.get_xfer_descs(
+                    [(self.remote_addr + offset, size, self.remote_dev)], self.mem_type
+                )
+                t0 = time.perf_counter()
+                handle = agent.initialize_xfer("WRITE", local, remote, self.remote_name, b"raw")
+                state = agent.transfer(handle)
+                while state == "PROC":
+                    state = agent.check_xfer_state(handle)
+                elapsed += time.perf_counter() - t0
+                agent.release_xfer_handle(handle)
+                if state != "DONE":
+                    raise RuntimeError(f"raw NIXL WRITE ended in {state}")
         return elapsed
 
     def run_transport(self, nbytes: int, chunk_bytes: int = 0) -> float:
@@ -175,9 +211,60 @@ class Initiator:
         return time.perf_counter() - t0
 
 
+class _ForwardLoad:
+    """pdworker's forward pass run back to back on a thread of its own while `running`."""
+
+    def __init__(self, geometry: str, chunk_bytes: int, device: torch.device) -> None:
+        from pdworker.config import ModelConfig
+        from pdworker.model import KVPool, TinyModel
+
+        layers, heads, head_dim, page_tokens, dtype = geometry.split(",")
+        cfg = ModelConfig(layers=int(layers), heads=int(heads), head_dim=int(head_dim),
+                          page_size=int(page_tokens), vocab=1024, dtype=dtype)  # fmt: skip
+        self.chunk_pages = max(1, chunk_bytes // cfg.page_bytes)
+        self.tokens = [(i * 7919) % 1024 for i in range(self.chunk_pages * cfg.page_size)]
+        self.model = TinyModel(cfg, device)
+        self.pool = KVPool(cfg, 2 * self.chunk_pages, device)  # two chunks, written in turn
+        self.device = device
+        self._go = threading.Event()
+        self._started = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        threading.Thread(target=self._main, name="forward-load", daemon=True).start()
+
+    def _main(self) -> None:
+        torch.set_num_threads(1)  # as pdworker's compute threads
+        turn = 0
+        while True:
+            self._go.wait()
+            self._idle.clear()
+            while self._go.is_set():
+                first = (turn % 2) * self.chunk_pages
+                self._started.set()
+                self.model.prefill_into(
+                    self.pool, list(range(first, first + self.chunk_pages)), self.tokens
+                )
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                turn += 1
+            self._idle.set()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        self._started.clear()
+        self._go.set()
+        self._started.wait()
+        try:
+            yield
+        finally:
+            self._go.clear()
+            self._idle.wait()  # its last pass is over: it disturbs no other method
+
+
 def initiator(args: argparse.Namespace) -> None:
     peer = Initiator(args)
-    ops = {"raw": peer.run_raw, "transport": peer.run_transport, "memcpy": peer.run_memcpy}
+    ops = {"raw": peer.run_raw, "transport": peer.run_transport, "memcpy": peer.run_memcpy,
+           "raw_beside_forward": peer.run_raw_beside_forward}  # fmt: skip
     print("BENCH " + json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
@@ -201,6 +288,11 @@ def main() -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--transport", action="store_true")
     p.add_argument("--memcpy", action="store_true")
+    p.add_argument(
+        "--forward-geometry",
+        default="",
+        help="layers,heads,head_dim,page_tokens,dtype: enables raw_beside_forward",
+    )
     args = p.parse_args()
     torch.set_num_threads(1)
     if args.role == "target":

@@ -70,12 +70,15 @@ def check(results: dict[str, Any], name: str) -> dict[str, Any]:
 def test_kv_transfer(results: dict[str, Any]) -> None:
     data = check(results, "kv_transfer")
     assert data["sizes_mib"] == [1, 4]
-    for method in ("pdworker_e2e", "pdworker_transport", "raw_nixl[default]", "memcpy"):
+    methods = ("pdworker_e2e", "pdworker_transport", "raw_nixl[default]", "memcpy",
+               "raw_nixl_beside_forward")  # fmt: skip
+    for method in methods:
         for size in ("1", "4"):
             s = data["gbps"][method][size]
             assert s["n"] == data["repetitions"] and s["min"] <= s["median"] <= s["max"]
             assert ok(s["min"]), (method, size, s)
-    for ratio in ("pdworker_e2e/raw_nixl", "pdworker_transport/raw_nixl", "raw_nixl/memcpy"):
+    for ratio in ("pdworker_e2e/raw_nixl", "pdworker_transport/raw_nixl", "raw_nixl/memcpy",
+                  "pdworker_e2e/raw_nixl_beside_forward"):  # fmt: skip
         assert all(ok(v) for v in data["ratios"][ratio].values())
     assert data["recommended_ucx"] in data["ucx_mean_raw_gbps"]
     # Prefill's forward is reported beside its wire time, per room (seconds).
