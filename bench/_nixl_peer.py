@@ -42,6 +42,7 @@ os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
 import torch
 
+from pdworker import hostmem
 from pdworker.compute import indexed
 from pdworker.transfer import DRAIN_ACTIVE_S as DRAIN_S
 from pdworker.transfer import make_agent
@@ -54,7 +55,11 @@ def _agent(name: str) -> Any:
 
 
 def _zeros(size: int, device: torch.device) -> torch.Tensor:
-    return torch.zeros(size, dtype=torch.uint8, device=device)
+    """A buffer of the memory pdworker's KV pool uses: VRAM, or host huge pages (`hostmem`),
+    so raw NIXL and memcpy are measured on the same kind of pages as the worker."""
+    if device.type == "cuda":
+        return torch.zeros(size, dtype=torch.uint8, device=device)
+    return hostmem.zeros((size,), torch.uint8)
 
 
 def _device(args: argparse.Namespace) -> tuple[torch.device, str, int]:

@@ -3,7 +3,8 @@
 The model is an embedding plus per-layer K/V projections (no cross-token mixing in prefill, so
 chunked prefill is exact). Weights come from a seed, so prefill, decode and tests build identical
 models. The pool is one contiguous tensor of pages ([pages, layers, K/V, page_size, heads,
-head_dim]) so each page is one contiguous NIXL descriptor; it lives on CUDA when available.
+head_dim]) so each page is one contiguous NIXL descriptor; it lives on CUDA when available, and
+on CPU on transparent huge pages (`hostmem`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import math
 
 import torch
 
+from pdworker import hostmem
 from pdworker.config import ModelConfig
 from pdworker.pages import PagePool
 
@@ -104,16 +106,12 @@ class KVPool:
     def __init__(self, cfg: ModelConfig, num_pages: int, device: torch.device) -> None:
         self.cfg = cfg
         self.device = device
-        self.tensor = torch.zeros(
-            num_pages,
-            cfg.layers,
-            2,
-            cfg.page_size,
-            cfg.heads,
-            cfg.head_dim,
-            dtype=DTYPES[cfg.dtype],
-            device=device,
-        )
+        shape = (num_pages, cfg.layers, 2, cfg.page_size, cfg.heads, cfg.head_dim)
+        dtype = DTYPES[cfg.dtype]
+        if device.type == "cpu":  # on huge pages: CMA and copies run about twice as fast
+            self.tensor = hostmem.zeros(shape, dtype)
+        else:
+            self.tensor = torch.zeros(shape, dtype=dtype, device=device)
         self.pages = PagePool(num_pages)
 
     @property
