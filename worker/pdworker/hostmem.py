@@ -1,12 +1,11 @@
 """Host (CPU) KV memory on transparent huge pages.
 
 Why: on CPU, NIXL's UCX backend moves KV with a CMA copy (`process_vm_writev`) that walks and
-pins both processes' pages one by one, and torch's copies miss the TLB on every 4 KiB page.
-Measured on the 2-core CI machine (THP `madvise` mode, as most distributions ship it): a 256 MiB
-raw NIXL WRITE between two processes moved 4.7-5.3 GB/s from 4 KiB pages and 10.9-11.9 GB/s
-from 2 MiB pages; torch `copy_` went from 9.4 to 13.0 GB/s. torch's own allocator asks for huge
-pages only when THP_MEM_ALLOC_ENABLE=1 is set, for every allocation; this asks only for the
-pool.
+pins both processes' pages one by one, so the page size sets its pace. Measured on the 2-core
+CI machine (THP in `madvise` mode, as most distributions ship it): a 256 MiB raw NIXL WRITE
+between two processes moved 4.7-5.3 GB/s from 4 KiB pages and 10.9-11.9 GB/s from 2 MiB pages;
+torch `copy_` went from 9.4 to 13.0 GB/s. torch's own allocator asks for huge pages only when
+THP_MEM_ALLOC_ENABLE=1 is set, and then for every allocation; this asks only for the pool.
 
 `zeros` maps anonymous memory aligned to 2 MiB, advises the kernel to back it with huge pages,
 and touches it once so the pool is resident before the first transfer. Where the kernel refuses
