@@ -6,6 +6,7 @@ NIXL; faults are switched on through the workers' documented fault switches.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -182,9 +183,16 @@ def test_stalled_decode_is_cordoned_restarted_and_uncordoned(
     kinds = [e["action"] for e in ledger(cluster, ns)]
     assert kinds.count("CordonDecode") == 1 and kinds.count("RestartDecode") == 1
     assert healthy["metadata"]["uid"] in {p["metadata"]["uid"] for p in pods(cluster, ns, "decode")}
-    # The new pod serves: enough requests that the random pick reaches both decode pods.
-    seen = {generate(cluster, ns, f"after {i}")["decode"] for i in range(12)}
-    assert f"http://{new['status']['podIP']}:8000" in seen
+    # The new pod serves. The router picks a decode pod at random among those its discovery
+    # listed (refreshed every 2 s), and fast workers answer a dozen requests before the new pod
+    # is listed: send requests until one lands there, over several refreshes.
+    new_url = f"http://{new['status']['podIP']}:8000"
+    sent = itertools.count()
+
+    def served_by_new_pod() -> bool:
+        return bool(generate(cluster, ns, f"after {next(sent)}")["decode"] == new_url)
+
+    cluster.wait_until("a request served by the restarted decode pod", served_by_new_pod, 20)
     assert events(cluster, ns, "CordonDecode") and events(cluster, ns, "RestartDecode")
 
 
