@@ -548,3 +548,133 @@ def test_a_cancelled_decode_frees_its_pages_only_after_the_kv_read_returned() ->
 
     asyncio.run(main())
     assert len(owned_when_read_ended) == 1 and len(owned_when_read_ended[0]) == 3
+
+
+# -- every loop survives an error in one of its rounds ---------------------------------------
+
+
+def test_the_progress_thread_survives_a_failing_round() -> None:
+    """Every deadline and release depends on the progress thread: a round that raises is
+    logged and the next one runs (before, the thread ended and WRITEs hung forever)."""
+    import threading
+
+    from pdworker.transfer import TransferError
+
+    transport, agent = _fake_transport()
+    real_drain = transport._drain
+    broken = [2]
+
+    def drain(now: float) -> None:
+        if broken[0]:
+            broken[0] -= 1
+            raise RuntimeError("a bug in one round")
+        real_drain(now)
+
+    transport._drain = drain  # type: ignore[method-assign]
+    finished = threading.Event()
+    outcome: list[TransferError | None] = []
+    agent.states = {b"later": ["PROC", "PROC", "DONE"]}
+    try:
+        deadline = time.monotonic() + 10
+        while broken[0] and time.monotonic() < deadline:  # the idle thread drains every 10 ms
+            time.sleep(0.005)
+        assert broken == [0], "the progress thread stopped draining"
+        transport.submit("peer", [1], [2], b"later", timeout=5.0,
+                         done=lambda err: (outcome.append(err), finished.set()))  # fmt: skip
+        assert finished.wait(10), "the progress thread died with a failing round"
+        assert outcome == [None]
+        assert agent.released == [b"later"] and transport.live_count() == 0
+    finally:
+        with transport._lock:
+            transport._closed = True
+            transport._wake.notify_all()
+
+
+def _decode_worker(**cfg: Any) -> Any:
+    from pdworker.decode import DecodeWorker
+
+    config = WorkerConfig(role="decode", model=CFG, device="cpu", kv_pages=16,
+                          bootstrap_token="k", **cfg)  # fmt: skip
+    pool = KVPool(CFG, config.kv_pages, torch.device("cpu"))
+    return DecodeWorker(config, TinyModel(CFG, torch.device("cpu")), pool,
+                        MemoryTransport(Hub(), "decode", pool.tensor))  # fmt: skip
+
+
+def test_one_bad_notification_loses_no_other_of_its_batch() -> None:
+    """The transport hands a batch over once; a message that raises must not take the rest."""
+    worker = _decode_worker()
+    seen: list[bytes] = []
+
+    def on_notif(agent: str, raw: bytes) -> None:
+        if raw == b"bad":
+            raise RuntimeError("a bug handling one message")
+        seen.append(raw)
+
+    worker._on_notif = on_notif  # type: ignore[method-assign]
+    worker.transport.poll_notifs = lambda: {"p": [b"one", b"bad", b"two"], "q": [b"three"]}
+    worker._pump()
+    assert seen == [b"one", b"two", b"three"]
+
+
+def test_the_decode_watchdog_judges_deadlines_even_when_the_pump_fails() -> None:
+    from pdworker.contract import KVPoll
+
+    worker = _decode_worker(waiting_timeout=0.05)
+
+    def pump() -> None:
+        raise RuntimeError("a broken transport")
+
+    worker._pump = pump  # type: ignore[method-assign]
+
+    async def main() -> None:
+        worker.table.create(7, "transfer", time.monotonic())
+        watchdog = asyncio.ensure_future(worker._watchdog_loop())
+        try:
+            for _ in range(400):
+                if worker.table.status(7) == KVPoll.Failed:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            watchdog.cancel()
+        assert worker.table.status(7) == KVPoll.Failed
+        assert worker.table.get(7).reason == "waiting_timeout"
+
+    asyncio.run(main())
+
+
+def test_one_links_failure_does_not_stop_the_others_heartbeats() -> None:
+    """A surprise while handling one prefill's heartbeat (here the lost-callback raises) must
+    not end the loop: the other prefill would then see no heartbeat and drop this decode."""
+    from pdworker.prefill_link import PrefillLink, PrefillLinks
+
+    cfg = WorkerConfig(role="decode", model=CFG, device="cpu", kv_pages=16,
+                       bootstrap_token="k", heartbeat_interval=0.01)  # fmt: skip
+    pool = KVPool(CFG, cfg.kv_pages, torch.device("cpu"))
+
+    def on_lost(address: str, why: str) -> None:
+        raise RuntimeError("a bug in the lost-callback")
+
+    links = PrefillLinks(cfg, MemoryTransport(Hub(), "decode", pool.tensor), pool, on_lost)
+    beats: dict[str, int] = {"a": 0, "b": 0}
+
+    async def post(address: str, path: str, body: Any, limit_s: float) -> tuple[int, Any]:
+        beats[address] += 1
+        # "a" restarted (new incarnation): lost -> the callback raises; "b" is healthy.
+        return 200, {"incarnation": "new" if address == "a" else "b-1", "known": True}
+
+    links.post = post  # type: ignore[method-assign]
+
+    async def main() -> None:
+        for address, incarnation in (("a", "a-1"), ("b", "b-1")):
+            links.links[address] = PrefillLink(address, registered=True, incarnation=incarnation)
+        loop = asyncio.ensure_future(links.heartbeat_loop())
+        try:
+            for _ in range(500):
+                if beats["b"] >= 3:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            loop.cancel()
+        assert beats["b"] >= 3 and beats["a"] >= 1, beats
+
+    asyncio.run(main())

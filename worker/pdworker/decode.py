@@ -346,7 +346,10 @@ class DecodeWorker:
             for raw in messages:
                 if drop and random.random() < drop:
                     continue
-                self._on_notif(agent, raw)
+                try:
+                    self._on_notif(agent, raw)
+                except Exception:  # the batch was handed over: one bad message loses no other
+                    log.exception("notification from %s", agent)
 
     def _on_notif(self, agent: str, raw: bytes) -> None:
         note = decode_notification(raw)
@@ -380,11 +383,17 @@ class DecodeWorker:
             await asyncio.sleep(max(self.cfg.poll_interval, 0.01))
             if not self.unstalled.is_set():
                 continue
-            self._pump()  # drain first, then judge deadlines (SGLang PR #32267)
-            for entry in self.table.expire(mono()):
-                work = self.work.get(entry.room)
-                if work is not None and not work.done.done():
-                    work.done.set_result(None)
+            try:
+                self._pump()  # drain first, then judge deadlines (SGLang PR #32267)
+            except Exception:  # the deadlines below are judged anyway: this loop never ends
+                log.exception("notification pump (watchdog)")
+            try:
+                for entry in self.table.expire(mono()):
+                    work = self.work.get(entry.room)
+                    if work is not None and not work.done.done():
+                        work.done.set_result(None)
+            except Exception:
+                log.exception("decode watchdog")
 
     # -- admin ---------------------------------------------------------------------------
     def list_rooms(self) -> list[dict[str, Any]]:

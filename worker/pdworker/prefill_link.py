@@ -278,27 +278,33 @@ class PrefillLinks:
         while True:
             await asyncio.sleep(self.cfg.heartbeat_interval)
             for link in list(self.links.values()):
-                if not link.registered:
-                    continue
                 try:
-                    status, data = await self.post(
-                        link.address,
-                        hs.HEARTBEAT_PATH,
-                        {"agent": self.transport.name},
-                        min(3.0, self.cfg.heartbeat_interval * 2),
-                    )
-                    if status != 200:
-                        raise PeerError("peer_lost", f"heartbeat answered {status}")
-                except (aiohttp.ClientError, TimeoutError, PeerError) as exc:
-                    link.failures += 1
-                    if link.failures >= self.cfg.heartbeat_failures:
-                        self.lost(link, f"{link.failures} heartbeats failed ({exc!r})")
-                    continue
-                link.failures = 0
-                if data.get("incarnation") != link.incarnation:
-                    self.lost(link, "prefill restarted (new incarnation)")
-                elif not data.get("known"):
-                    self.lost(link, "prefill dropped this decode")
+                    await self._heartbeat(link)
+                except Exception:  # one link's surprise must not stop the others' heartbeats
+                    log.exception("heartbeat to %s", link.address)
+
+    async def _heartbeat(self, link: PrefillLink) -> None:
+        if not link.registered:
+            return
+        try:
+            status, data = await self.post(
+                link.address,
+                hs.HEARTBEAT_PATH,
+                {"agent": self.transport.name},
+                min(3.0, self.cfg.heartbeat_interval * 2),
+            )
+            if status != 200:
+                raise PeerError("peer_lost", f"heartbeat answered {status}")
+        except (aiohttp.ClientError, TimeoutError, PeerError) as exc:
+            link.failures += 1
+            if link.failures >= self.cfg.heartbeat_failures:
+                self.lost(link, f"{link.failures} heartbeats failed ({exc!r})")
+            return
+        link.failures = 0
+        if data.get("incarnation") != link.incarnation:
+            self.lost(link, "prefill restarted (new incarnation)")
+        elif not data.get("known"):
+            self.lost(link, "prefill dropped this decode")
 
 
 async def _read_json(resp: aiohttp.ClientResponse) -> dict[str, Any]:

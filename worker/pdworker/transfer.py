@@ -331,34 +331,55 @@ class NixlTransport:
         return True
 
     def _progress_main(self) -> None:
-        """Poll every live handle, back to back, until it is done, failed or past its deadline;
-        drain notifications on their own pace, busy or idle."""
+        """Run `_progress_step` until the transport closes. A step that raises is logged (once
+        per run of failures) and the next starts after RELEASE_RETRY_S: every deadline and
+        release in this transport depends on this thread, so an error never ends it."""
+        failing = False
         while True:
-            with self._lock:
-                if not self._live and not self._closed:
-                    self._wake.wait(max(0.0, self._next_drain - time.monotonic()))
-                if self._closed:
+            try:
+                if self._progress_step():
                     return
-                live = list(self._live)
-            now = time.monotonic()
-            if live:
-                self._active_until = now + ACTIVE_WINDOW_S
-            if now >= self._next_drain:
-                self._drain(now)
-            if not live:
-                continue
-            finished = [
-                item
-                for item in live
-                if (item.known or self._outcome(item, now))
-                and now >= item.next_release
-                and self._release(item)
-            ]
+                failing = False
+            except Exception:
+                if not failing:
+                    log.exception("NIXL progress step failed (retrying)")
+                failing = True
+                time.sleep(RELEASE_RETRY_S)
+
+    def _progress_step(self) -> bool:
+        """One round: poll every live handle (back to back with the next round: no back-off)
+        until it is done, failed or past its deadline; drain notifications on their own pace,
+        busy or idle. True once the transport is closed."""
+        with self._lock:
+            if not self._live and not self._closed:
+                self._wake.wait(max(0.0, self._next_drain - time.monotonic()))
+            if self._closed:
+                return True
+            live = list(self._live)
+        now = time.monotonic()
+        if live:
+            self._active_until = now + ACTIVE_WINDOW_S
+        if now >= self._next_drain:
+            self._drain(now)
+        if not live:
+            return False
+        finished: list[_Live] = []
+        try:
+            for item in live:
+                if (
+                    (item.known or self._outcome(item, now))
+                    and now >= item.next_release
+                    and self._release(item)
+                ):
+                    finished.append(item)
+        finally:  # even if the round broke off: a released handle is never reported twice
             if finished:
+                gone = {id(x) for x in finished}
                 with self._lock:
-                    self._live = [x for x in self._live if x not in finished]
-            else:
-                time.sleep(PROGRESS_PAUSE_S)  # yield the GIL; a fixed pause, never a back-off
+                    self._live = [x for x in self._live if id(x) not in gone]
+        if not finished:
+            time.sleep(PROGRESS_PAUSE_S)  # yield the GIL; a fixed pause, never a back-off
+        return False
 
     def _drain(self, now: float) -> None:
         """Move NIXL's new notifications into the buffer (this progresses the UCX worker)."""
