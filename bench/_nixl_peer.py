@@ -48,12 +48,6 @@ from pdworker.transfer import DRAIN_ACTIVE_S as DRAIN_S
 from pdworker.transfer import make_agent
 
 
-def _agent(name: str) -> Any:
-    # As pdworker's transport: NIXL's own progress thread off; the target progresses UCX by
-    # draining notifications every DRAIN_S, the initiator by polling.
-    return make_agent(name)
-
-
 def _zeros(size: int, device: torch.device) -> torch.Tensor:
     """A buffer of the memory pdworker's KV pool uses: VRAM, or host huge pages (`hostmem`),
     so raw NIXL and memcpy are measured on the same kind of pages as the worker."""
@@ -72,7 +66,7 @@ def _device(args: argparse.Namespace) -> tuple[torch.device, str, int]:
 
 def target(args: argparse.Namespace) -> None:
     name = f"bench-target-{os.getpid()}"
-    agent = _agent(name)
+    agent = make_agent(name)  # as pdworker's: NIXL's own progress thread off
     device, mem_type, dev_id = _device(args)
     buf = _zeros(args.size, device)
     agent.register_memory(buf)
@@ -89,7 +83,7 @@ def target(args: argparse.Namespace) -> None:
     tmp.rename(args.meta)
     done = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
-    while not done.wait(DRAIN_S):
+    while not done.wait(DRAIN_S):  # progresses UCX as a busy pdworker transport does
         agent.get_new_notifs()
 
 
@@ -106,7 +100,7 @@ class Initiator:
         gen = torch.Generator().manual_seed(1)
         self.src = _zeros(args.size, self.device)
         self.src.copy_(torch.randint(0, 256, (args.size,), dtype=torch.uint8, generator=gen))
-        self.raw = _agent(f"bench-raw-{os.getpid()}")
+        self.raw = make_agent(f"bench-raw-{os.getpid()}")
         self.raw.register_memory(self.src)
         self.raw.add_remote_agent(metadata)
         self.remote_dev = remote_dev
@@ -137,11 +131,13 @@ class Initiator:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def run_raw(self, nbytes: int) -> float:
+    def _raw_write(self, offset: int, nbytes: int) -> float:
+        """One NIXL WRITE of `nbytes` at `offset` in both buffers (one descriptor each),
+        busy-polled; the seconds from creating the handle to its completion."""
         agent = self.raw
-        local = agent.get_xfer_descs([(int(self.src.data_ptr()), nbytes, self.dev_id)],
+        local = agent.get_xfer_descs([(int(self.src.data_ptr()) + offset, nbytes, self.dev_id)],
                                      self.mem_type)  # fmt: skip
-        remote = agent.get_xfer_descs([(self.remote_addr, nbytes, self.remote_dev)],
+        remote = agent.get_xfer_descs([(self.remote_addr + offset, nbytes, self.remote_dev)],
                                       self.mem_type)  # fmt: skip
         t0 = time.perf_counter()
         handle = agent.initialize_xfer("WRITE", local, remote, self.remote_name, b"raw")
@@ -154,29 +150,17 @@ class Initiator:
             raise RuntimeError(f"raw NIXL WRITE ended in {state}")
         return elapsed
 
+    def run_raw(self, nbytes: int) -> float:
+        return self._raw_write(0, nbytes)
+
     def run_raw_beside_forward(self, nbytes: int, chunk_bytes: int = 0) -> float:
         assert self.forward is not None, "start the initiator with --forward-geometry"
         step = chunk_bytes or self.chunk_pages * self.page_bytes
-        agent = self.raw
-        base = int(self.src.data_ptr())
         with self.forward.running():
-            elapsed = 0.0
-            for offset in range(0, nbytes, step):
-                size = min(step, nbytes - offset)
-                local = agent.get_xfer_descs([(base + offset, size, self.dev_id)], self.mem_type)
-                remote = agent.get_xfer_descs(
-                    [(self.remote_addr + offset, size, self.remote_dev)], self.mem_type
-                )
-                t0 = time.perf_counter()
-                handle = agent.initialize_xfer("WRITE", local, remote, self.remote_name, b"raw")
-                state = agent.transfer(handle)
-                while state == "PROC":
-                    state = agent.check_xfer_state(handle)
-                elapsed += time.perf_counter() - t0
-                agent.release_xfer_handle(handle)
-                if state != "DONE":
-                    raise RuntimeError(f"raw NIXL WRITE ended in {state}")
-        return elapsed
+            return sum(
+                self._raw_write(offset, min(step, nbytes - offset))
+                for offset in range(0, nbytes, step)
+            )
 
     def run_transport(self, nbytes: int, chunk_bytes: int = 0) -> float:
         assert self.transport is not None, "start the initiator with --transport"

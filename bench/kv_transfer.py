@@ -335,14 +335,13 @@ def run(quick: bool, out: Path, readme: Path | None, device: str = "cpu",
         ratios["pdworker_e2e/raw_nixl"][str(m)] = med("pdworker_e2e", m) / raw
         ratios["pdworker_transport/raw_nixl"][str(m)] = med("pdworker_transport", m) / raw
         ratios["raw_nixl/memcpy"][str(m)] = raw / med("memcpy", m)
-        if not gpu:
-            ratios.setdefault(f"pdworker_e2e/{BESIDE}", {})[str(m)] = med("pdworker_e2e", m) / med(
-                BESIDE, m
-            )
-            ratios.setdefault(f"{BESIDE}/raw_nixl", {})[str(m)] = med(BESIDE, m) / raw
         if gpu:
             alt = f"pdworker_transport[{GPU_ALT_CHUNK // MIB}MiB chunks]"
             ratios.setdefault(f"{alt}/raw_nixl", {})[str(m)] = med(alt, m) / raw
+        else:
+            e2e, beside = med("pdworker_e2e", m), med(BESIDE, m)
+            ratios.setdefault(f"pdworker_e2e/{BESIDE}", {})[str(m)] = e2e / beside
+            ratios.setdefault(f"{BESIDE}/raw_nixl", {})[str(m)] = beside / raw
     # The same ratios on the best repetition (max GB/s): on a shared, loaded machine the best run
     # is the least disturbed one, so these show capability while the medians show typical.
     ratios_best: dict[str, dict[str, float]] = {k: {} for k in ratios}

@@ -15,6 +15,7 @@ and touches it once so the pool is resident before the first transfer. Where the
 from __future__ import annotations
 
 import contextlib
+import math
 import mmap
 from pathlib import Path
 
@@ -29,10 +30,7 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     The tensor keeps the mapping alive (torch.frombuffer holds the buffer it wraps), and its
     first byte is 2 MiB aligned, so every whole 2 MiB of it can be one huge page.
     """
-    count = 1
-    for dim in shape:
-        count *= dim
-    nbytes = count * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes == 0:
         return torch.zeros(shape, dtype=dtype)
     area = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
