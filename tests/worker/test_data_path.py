@@ -563,10 +563,13 @@ def test_the_progress_thread_survives_a_failing_round() -> None:
     transport, agent = _fake_transport()
     real_drain = transport._drain
     broken = [2]
+    failed_twice = threading.Event()
 
     def drain(now: float) -> None:
         if broken[0]:
             broken[0] -= 1
+            if not broken[0]:
+                failed_twice.set()
             raise RuntimeError("a bug in one round")
         real_drain(now)
 
@@ -575,10 +578,8 @@ def test_the_progress_thread_survives_a_failing_round() -> None:
     outcome: list[TransferError | None] = []
     agent.states = {b"later": ["PROC", "PROC", "DONE"]}
     try:
-        deadline = time.monotonic() + 10
-        while broken[0] and time.monotonic() < deadline:  # the idle thread drains every 10 ms
-            time.sleep(0.005)
-        assert broken == [0], "the progress thread stopped draining"
+        # The idle thread drains every 10 ms: without the guard it never fails a second time.
+        assert failed_twice.wait(10), "the progress thread stopped after one failing round"
         transport.submit("peer", [1], [2], b"later", timeout=5.0,
                          done=lambda err: (outcome.append(err), finished.set()))  # fmt: skip
         assert finished.wait(10), "the progress thread died with a failing round"
@@ -618,6 +619,7 @@ def test_one_bad_notification_loses_no_other_of_its_batch() -> None:
 
 def test_the_decode_watchdog_judges_deadlines_even_when_the_pump_fails() -> None:
     from pdworker.contract import KVPoll
+    from pdworker.server import wait_until
 
     worker = _decode_worker(waiting_timeout=0.05)
 
@@ -630,13 +632,9 @@ def test_the_decode_watchdog_judges_deadlines_even_when_the_pump_fails() -> None
         worker.table.create(7, "transfer", time.monotonic())
         watchdog = asyncio.ensure_future(worker._watchdog_loop())
         try:
-            for _ in range(400):
-                if worker.table.status(7) == KVPoll.Failed:
-                    break
-                await asyncio.sleep(0.01)
+            assert await wait_until(lambda: worker.table.status(7) == KVPoll.Failed, 4)
         finally:
             watchdog.cancel()
-        assert worker.table.status(7) == KVPoll.Failed
         assert worker.table.get(7).reason == "waiting_timeout"
 
     asyncio.run(main())
@@ -656,9 +654,12 @@ def test_one_links_failure_does_not_stop_the_others_heartbeats() -> None:
 
     links = PrefillLinks(cfg, MemoryTransport(Hub(), "decode", pool.tensor), pool, on_lost)
     beats: dict[str, int] = {"a": 0, "b": 0}
+    third_beat_to_b = asyncio.Event()
 
     async def post(address: str, path: str, body: Any, limit_s: float) -> tuple[int, Any]:
         beats[address] += 1
+        if beats["b"] >= 3:
+            third_beat_to_b.set()
         # "a" restarted (new incarnation): lost -> the callback raises; "b" is healthy.
         return 200, {"incarnation": "new" if address == "a" else "b-1", "known": True}
 
@@ -669,10 +670,8 @@ def test_one_links_failure_does_not_stop_the_others_heartbeats() -> None:
             links.links[address] = PrefillLink(address, registered=True, incarnation=incarnation)
         loop = asyncio.ensure_future(links.heartbeat_loop())
         try:
-            for _ in range(500):
-                if beats["b"] >= 3:
-                    break
-                await asyncio.sleep(0.01)
+            # Without the guard the loop ends at the first round, having beaten "b" once.
+            await asyncio.wait_for(third_beat_to_b.wait(), 5)
         finally:
             loop.cancel()
         assert beats["b"] >= 3 and beats["a"] >= 1, beats
