@@ -139,6 +139,24 @@ def generate(cluster: Cluster, ns: str, text: str, name: str = "pd") -> dict[str
     return answer
 
 
+NO_ENDPOINT = "no ready prefill or decode endpoint"  # the router's 503 (pdworker/router.py)
+
+
+def generate_when_routed(
+    cluster: Cluster, ns: str, text: str, name: str = "pd", timeout: float = 20.0
+) -> dict[str, Any]:
+    """`generate`, once the router lists a ready prefill and decode pod. Right after pods are
+    replaced its discovery (refreshed every 2 s) may list none yet and answer 503; any other
+    answer is returned as it came, for the test to judge."""
+
+    def routed() -> dict[str, Any]:
+        answer = generate(cluster, ns, text, name)
+        unrouted = answer["http_status"] == 503 and answer.get("error") == NO_ENDPOINT
+        return {} if unrouted else answer  # {}: not yet (falsy), poll again
+
+    return cluster.wait_until("the router to list ready pods", routed, timeout)
+
+
 def scrape(url: str) -> dict[str, float]:
     """Prometheus text as {name{labels}: value} (our own tiny reader for assertions)."""
     with urllib.request.urlopen(url, timeout=10) as resp:

@@ -25,6 +25,7 @@ from e2e.pdtools import (
     condition,
     cpu_example,
     generate,
+    generate_when_routed,
     get_json,
     http,
     pod_condition,
@@ -143,7 +144,7 @@ def test_abort_race_wedge_fails_exactly_the_wedged_rooms(
     assert admin_failed == sum(e["rooms"] for e in failed) >= len(stuck)
     # No healthy room was failed: no client request ever saw an admin failure.
     assert all(s["failed"].get("admin", 0) == 0 for s in summaries), summaries
-    assert generate(cluster, ns, "after the repair").get("ok") is True
+    assert generate_when_routed(cluster, ns, "after the repair").get("ok") is True
     assert {p["metadata"]["uid"] for p in pods(cluster, ns, "decode")} == uids
     assert not actions(cluster, ns, "RestartDecode")
 
@@ -412,4 +413,4 @@ def test_decode_killed_mid_transfer_frees_rooms_of_the_old_incarnation(
     assert took <= 2 * SCRAPE + 5, f"rooms of the old incarnation lingered {took:.1f}s"
     m = scrape(prefill_url + "/metrics")
     assert m.get("pdworker_prefill_inflight_queue_reqs") == 0
-    assert generate(cluster, ns, "served by the new incarnation").get("ok") is True
+    assert generate_when_routed(cluster, ns, "served by the new incarnation").get("ok") is True

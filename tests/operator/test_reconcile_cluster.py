@@ -14,7 +14,7 @@ from e2e.pdtools import (
     apply,
     condition,
     cpu_example,
-    generate,
+    generate_when_routed,
     get_json,
     status,
     wait_ready,
@@ -40,7 +40,7 @@ def test_apply_cpu_example_runs_serves_scales_rolls_and_cleans_up(
         assert [r["uid"] for r in child["metadata"]["ownerReferences"]] == [uid], child["kind"]
 
     # The router serves a request end to end: real KV moved prefill -> decode over NIXL.
-    answer = generate(cluster, ns, "hello pdwarden")
+    answer = generate_when_routed(cluster, ns, "hello pdwarden")
     assert answer.get("ok") is True, answer
     assert answer["decode"] != answer["prefill"]
 
@@ -83,7 +83,7 @@ def test_apply_cpu_example_runs_serves_scales_rolls_and_cleans_up(
     }
     assert new_decode.isdisjoint(decode_uids)
     assert new_prefill == prefill_uids
-    assert generate(cluster, ns, "after the rollout").get("ok") is True
+    assert generate_when_routed(cluster, ns, "after the rollout").get("ok") is True
 
     # Delete: everything it owned is garbage-collected.
     cluster.kubectl("delete", "-n", ns, "pdd/pd", "--wait=true", "--timeout=60s")
