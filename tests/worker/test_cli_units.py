@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from pdworker.contract import DEFAULT_HTTP_PORT as PORT
 from pdworker.discovery import parse_endpoints, ready_pod_urls
 from pdworker.faults import Faults, FaultSpecError, parse_faults
 from pdworker.model import KVPool, ModelConfig, TinyModel
@@ -97,7 +98,10 @@ def test_kubernetes_discovery_uses_ready_pods_only() -> None:
             ),
         ),
     ]
-    assert ready_pod_urls(pods, 8000) == ["http://127.244.1.5:8000", "http://127.244.1.9:8000"]
+    assert ready_pod_urls(pods, PORT) == [
+        f"http://127.244.1.5:{PORT}",
+        f"http://127.244.1.9:{PORT}",
+    ]
     assert parse_endpoints("127.0.0.1:1, http://a:2/") == ["http://127.0.0.1:1", "http://a:2"]
 
 

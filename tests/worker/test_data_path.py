@@ -139,7 +139,7 @@ async def _start_room(
     worker.work[room] = RoomWork(ids=ids)
     result: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
     worker.waiters[room] = result
-    assert worker._bind(room, Binding("decode", dest, time.monotonic())) is None
+    assert worker.admission.bind(room, Binding("decode", dest, time.monotonic())) is None
     return result
 
 
@@ -345,16 +345,16 @@ def test_a_room_of_many_chunks_keeps_at_most_the_bound_in_flight_and_all_land() 
 def test_prefill_transfer_time_is_wire_time_not_the_forward_between_chunks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import pdworker.prefill as prefill_module
+    import pdworker.prefill.shards as shards_module
 
     clock = [0.0]
-    monkeypatch.setattr(prefill_module, "mono", lambda: clock[0])
+    monkeypatch.setattr(shards_module, "mono", lambda: clock[0])
     worker, _ = _prefill(Hub(), [], chunk_pages=1)
     work = RoomWork(ids=[1])
 
     def at(t: float, step: int) -> None:
         clock[0] = t
-        worker._wire(work, step)
+        worker.shards.wire(work, step)
 
     at(0.0, +1)  # chunk 0 posted
     at(1.0, +1)  # chunk 1 posted while chunk 0 is on the wire
@@ -372,8 +372,8 @@ def test_notifications_are_drained_by_the_progress_thread_in_order_and_none_is_l
     """NIXL's own progress thread is off: the transport's thread progresses UCX by draining
     notifications into a bounded buffer, and `poll_notifs` (decode's event loop) never calls
     NIXL. Over the bound draining pauses; what NIXL still holds is not lost."""
-    from pdworker import transfer
     from pdworker.server import wait_until
+    from pdworker.transfer import nixl as transfer
 
     transport, agent = _fake_transport()
     sent = [f"kv:1:{i}".encode() for i in range(10)]
@@ -457,7 +457,7 @@ def test_a_failed_room_keeps_its_pages_until_its_kernels_finished() -> None:
 
         assert await wait_until(forward_over, 30)
         assert worker.table.status(room) == KVPoll.Failed
-        worker._settle(time.monotonic())  # and the settle loop runs all along
+        worker.settler.settle(time.monotonic())  # and the settle loop runs all along
         assert len(pool.pages.pages_of(room)) == 2, "pages freed while kernels still write them"
         assert not result.done()
         finished.set()  # the device catches up: the room is settled without further prodding
@@ -480,7 +480,7 @@ def test_a_compute_call_that_raises_drains_its_stream_before_the_pages_can_go() 
 
     worker.model.prefill_into = broken  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="half way"):
-        worker._compute_chunk([0], [1, 2, 3], None, work)
+        worker.forward.compute_chunk([0], [1, 2, 3], None, work)
     assert log == ["record", "wait"]  # synchronized on its stream, then re-raised
     assert work.fences == []
 
@@ -611,9 +611,9 @@ def test_one_bad_notification_loses_no_other_of_its_batch() -> None:
             raise RuntimeError("a bug handling one message")
         seen.append(raw)
 
-    worker._on_notif = on_notif  # type: ignore[method-assign]
+    worker.inbox.on_notif = on_notif  # type: ignore[method-assign]
     worker.transport.poll_notifs = lambda: {"p": [b"one", b"bad", b"two"], "q": [b"three"]}
-    worker._pump()
+    worker.inbox.pump()
     assert seen == [b"one", b"two", b"three"]
 
 
@@ -626,11 +626,11 @@ def test_the_decode_watchdog_judges_deadlines_even_when_the_pump_fails() -> None
     def pump() -> None:
         raise RuntimeError("a broken transport")
 
-    worker._pump = pump  # type: ignore[method-assign]
+    worker.inbox.pump = pump  # type: ignore[method-assign]
 
     async def main() -> None:
         worker.table.create(7, "transfer", time.monotonic())
-        watchdog = asyncio.ensure_future(worker._watchdog_loop())
+        watchdog = asyncio.ensure_future(worker.inbox.watchdog_loop())
         try:
             assert await wait_until(lambda: worker.table.status(7) == KVPoll.Failed, 4)
         finally:

@@ -12,6 +12,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pdworker import contract as c
 from pdworker.faults import Faults
 from pdworker.limits import DEFAULT_MAX_ROOMS, MAX_PROMPT_TOKENS
 from pdworker.server import BadRequest
@@ -61,7 +62,7 @@ class ModelConfig:
 class WorkerConfig:
     role: str
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = c.DEFAULT_HTTP_PORT
     bootstrap_port: int = 8998
     pod: str = field(default_factory=socket.gethostname)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -87,6 +88,8 @@ class WorkerConfig:
     admin_token: str | None = None
     bootstrap_token: str | None = None  # the deployment's handshake key (both roles)
     prefill_allow: tuple[str, ...] = ()  # decode: bootstrap endpoints (host:port) or networks
+    prefill_selector: str = ""  # decode: label selector of its deployment's prefill pods
+    namespace: str = "default"  # decode: where those pods are
     max_rooms: int = DEFAULT_MAX_ROOMS
     faults: Faults = field(default_factory=Faults)
     incarnation: str = ""
@@ -108,9 +111,21 @@ class WorkerConfig:
         return f"{self.host}:{self.port}"
 
 
-def env_default(name: str, fallback: str) -> str:
-    value = os.environ.get(name, "").strip()
-    return value or fallback
+@dataclass(frozen=True)
+class RouterConfig:
+    """`pdworker router`'s settings (defaults: flag_table, the only place they are written)."""
+
+    host: str
+    port: int
+    prefill: str  # static discovery: URLs, comma separated
+    decode: str
+    discovery: str  # static | kubernetes
+    namespace: str
+    prefill_selector: str
+    decode_selector: str
+    worker_port: int
+    request_timeout: float
+    engine: str  # pdworker | vllm: which PD protocol the router speaks
 
 
 def parse_ids(value: Any) -> list[int]:

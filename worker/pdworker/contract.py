@@ -38,6 +38,11 @@ KV_TRANSFER_SECONDS: Final = "pdworker_kv_transfer_seconds"
 PREFILL_FORWARD_SECONDS: Final = "pdworker_prefill_forward_seconds"  # extension (issue 16)
 KV_CHECKSUM_MISMATCH: Final = "pdworker_kv_checksum_mismatch_total"
 INCARNATION_INFO: Final = "pdworker_incarnation_info"
+# Extensions (issue 26): what hostile clients cost a worker, by reason.
+HTTP_CONNECTIONS_CLOSED: Final = "pdworker_http_connections_closed_total"
+HTTP_CLOSE_REASONS: Final = ("evicted", "connection_cap", "head_timeout")
+PREFILL_ENDPOINTS_REFUSED: Final = "pdworker_decode_prefill_endpoints_refused_total"
+ENDPOINT_REFUSE_REASONS: Final = ("not_allowed", "unreachable", "untrusted", "refused", "layout")
 
 # Values of the `reason` label of REQUESTS_FAILED.
 FAILURE_REASONS: Final = (
@@ -90,6 +95,16 @@ KV_PAGES_TOTAL: Final = "pdworker_kv_pages_total"
 
 # Bootstrap (handshake) authentication: a per-deployment key, separate from the admin token.
 BOOTSTRAP_TOKEN_FILE_ENV: Final = "PDWORKER_BOOTSTRAP_TOKEN_FILE"
+
+# GET /admin/rooms answers {ROOMS_KEY: [room, ...]}, each room a JSON object with these keys;
+# POST /admin/rooms/fail answers {FAILED_KEY: [room id, ...]} (the rooms it failed now).
+ROOMS_KEY: Final = "rooms"
+FAILED_KEY: Final = "failed"
+ROOM_ID: Final = "room"
+ROOM_PHASE: Final = "phase"
+ROOM_PHASE_SECONDS: Final = "phase_seconds"
+ROOM_PEER: Final = "peer"
+ROOM_PEER_INCARNATION: Final = "incarnation"
 
 # GET /admin/rooms `peer` fields. Only `ip` was verified by the prefill (the TCP peer address of
 # an authenticated bootstrap call, from a caller holding this deployment's bootstrap key); `pod`

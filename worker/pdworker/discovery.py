@@ -1,8 +1,10 @@
-"""Where the router finds prefill and decode workers: a fixed list, or Kubernetes pods.
+"""Where workers find each other: the router's prefill and decode workers, decode's prefills.
 
 Kubernetes discovery lists pods by label selector and keeps only Ready ones, so a decode pod that
-the operator cordons (readiness gate False) stops getting new work. The `kubernetes` client is
-imported only on that path: a router with static endpoints needs no Kubernetes libraries.
+the operator cordons (readiness gate False) stops getting new work. `PodPorts` is decode's view of
+its own deployment's prefill pods (their IPs and declared bootstrap ports), from which it builds
+the only bootstrap endpoints it dials (allow.py). The `kubernetes` client is imported only on
+these paths: a router with static endpoints needs no Kubernetes libraries.
 """
 
 from __future__ import annotations
@@ -73,6 +75,80 @@ def ready_pod_urls(pods: Iterable[Any], port: int) -> list[str]:
     return sorted(urls)
 
 
+def running_pod_ports(pods: Iterable[Any], port_name: str) -> set[tuple[str, int]]:
+    """(IP, port) of the container port named `port_name` of every Running pod that has an IP
+    and is not being deleted (readiness does not matter: a busy prefill is still ours)."""
+    out = set()
+    for pod in pods:
+        if _get(pod, "metadata", "deletion_timestamp") or _get(
+            pod, "metadata", "deletionTimestamp"
+        ):
+            continue
+        ip = _get(pod, "status", "pod_ip") or _get(pod, "status", "podIP")
+        if _get(pod, "status", "phase") != "Running" or not ip:
+            continue
+        for container in _get(pod, "spec", "containers") or []:
+            for port in _get(container, "ports") or []:
+                number = _get(port, "container_port") or _get(port, "containerPort")
+                if _get(port, "name") == port_name and isinstance(number, int):
+                    out.add((str(ip), number))
+    return out
+
+
+def _core_api() -> Any:
+    from kubernetes import client, config  # lazy: only the Kubernetes paths need the client
+
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+    return client.CoreV1Api()
+
+
+class PodPorts:
+    """A named container port of the pods one label selector matches, kept fresh by a thread
+    (every `interval`) and on demand (`refresh`, which callers rate-limit)."""
+
+    def __init__(
+        self, namespace: str, selector: str, port_name: str, interval: float = 2.0
+    ) -> None:
+        self._api = _core_api()
+        self.namespace = namespace
+        self.selector = selector
+        self.port_name = port_name
+        self.interval = interval
+        self._endpoints: frozenset[tuple[str, int]] = frozenset()
+        self.listed = False  # one listing has succeeded
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, name="k8s-pod-ports", daemon=True).start()
+
+    def refresh(self) -> bool:
+        """List the pods now (blocking: call it on a thread); False, keeping the last good view,
+        when the API server cannot be asked."""
+        try:
+            pods = self._api.list_namespaced_pod(
+                self.namespace, label_selector=self.selector, _request_timeout=5
+            ).items
+        except Exception as exc:
+            log.warning("listing pods %s in %s failed: %s", self.selector, self.namespace, exc)
+            return False
+        self._endpoints = frozenset(running_pod_ports(pods, self.port_name))
+        self.listed = True
+        return True
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.refresh()
+
+    def endpoints(self) -> frozenset[tuple[str, int]]:
+        return self._endpoints
+
+    def close(self) -> None:
+        self._stop.set()
+
+
 class KubernetesDiscovery:
     """Polls the API server for pods by label selector; never returns a NotReady pod."""
 
@@ -84,13 +160,7 @@ class KubernetesDiscovery:
         port: int,
         interval: float = 2.0,
     ) -> None:
-        from kubernetes import client, config  # lazy: only this path needs the client
-
-        try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except config.ConfigException:
-            config.load_kube_config()  # type: ignore[no-untyped-call]
-        self._api = client.CoreV1Api()
+        self._api = _core_api()
         self.namespace = namespace
         self.selectors = {"prefill": prefill_selector, "decode": decode_selector}
         self.port = port

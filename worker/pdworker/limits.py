@@ -46,3 +46,21 @@ CHUNKS_IN_FLIGHT_PER_ROOM: Final = 4
 
 # Rooms a worker holds at once (default of --max-rooms); more is 429.
 DEFAULT_MAX_ROOMS: Final = 4096
+
+# HTTP servers (listen.py; bodies: server.body_of): what a client, authenticated or not, can
+# hold. A request head must arrive within HEAD_TIMEOUT_S of connecting (or of its first byte on
+# a kept-alive connection) and a body within BODY_TIMEOUT_S; an idle kept-alive connection
+# closes after KEEPALIVE_S (longer than aiohttp clients keep theirs, 15 s, so they close first).
+HEAD_TIMEOUT_S: Final = 10.0
+BODY_TIMEOUT_S: Final = 30.0
+KEEPALIVE_S: Final = 75.0
+LINGER_S: Final = 2.0  # reading (and dropping) the rest of a refused body before closing
+# Bodies being read and parsed at once, per process: a full budget answers 503 at once. At least
+# the largest body cap, so a largest body can always be read when nothing else is.
+INFLIGHT_BODY_BYTES: Final = 64 * MIB
+# Open connections per port: a room per connection from the router, plus probes, scrapes and
+# admin calls. Never more than the open-files limit allows (listen.connection_cap): half of
+# what FD_RESERVE leaves goes to accepted connections, split between the process's ports.
+MAX_CONNECTIONS_PER_PORT: Final = DEFAULT_MAX_ROOMS + 512
+FD_RESERVE: Final = 256  # NIXL/UCX, torch, logs, outgoing connections
+OPEN_FILES_TARGET: Final = 1 << 16  # the soft open-files limit is raised to this (or the hard)

@@ -104,6 +104,26 @@ class WorkerMetrics:
         self.checksum_mismatch = Counter(
             _base(c.KV_CHECKSUM_MISMATCH), "KV checksum mismatches (must stay 0)", registry=reg
         )
+        self.connections_closed = Counter(
+            _base(c.HTTP_CONNECTIONS_CLOSED),
+            "connections an HTTP port closed: evicted (over the cap, oldest idle or slow), "
+            "connection_cap (over the cap, every connection busy), head_timeout",
+            ["reason"],
+            registry=reg,
+        )
+        for why in c.HTTP_CLOSE_REASONS:
+            self.connections_closed.labels(reason=why)
+        self.endpoints_refused = Counter(
+            _base(c.PREFILL_ENDPOINTS_REFUSED),
+            "decode only: /generate bootstrap endpoints not linked: not_allowed (never dialled), "
+            "unreachable, untrusted (no proof of the key), refused (registration refused), "
+            "layout (another KV layout)",
+            ["reason"],
+            registry=reg,
+        )
+        if role == "decode":
+            for why in c.ENDPOINT_REFUSE_REASONS:
+                self.endpoints_refused.labels(reason=why)
         Gauge(
             c.INCARNATION_INFO, "this process incarnation", ["incarnation", "role"], registry=reg
         ).labels(incarnation=incarnation, role=role).set(1)

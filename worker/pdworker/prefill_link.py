@@ -7,12 +7,13 @@ no longer knows this decode all count as losing the peer, and its rooms fail at 
 waiting out a timeout.
 
 Trust: decode talks only to bootstrap endpoints given as IP literals (nothing is resolved),
-allowed by `--prefill-allow` when that is set, and that prove they hold this deployment's
+allowed before any connection is made (allow.py), and that prove they hold this deployment's
 bootstrap key (`GET /bootstrap/info?nonce=`, answered with an HMAC bound to the address asked)
 before decode sends its key, its NIXL metadata or the address of its KV pool. Redirects are not
 followed, answers are read under a cap, connections leave from this pod's own address (the
 prefill binds a peer to it), and at most MAX_PREFILL_LINKS links are kept (least recently used
-idle ones are dropped).
+idle ones are dropped). What goes wrong on a link is logged here, with the details; the room and
+the client hear a fixed sentence per kind of failure (`PeerError`), never an exception's text.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from pdworker import handshake as hs
 from pdworker import limits
 from pdworker.config import WorkerConfig
 from pdworker.contract import FAILURE_REASONS
-from pdworker.handshake import AUTH_SCHEME, Refused, format_address, info_proof, parse_ip
+from pdworker.handshake import AUTH_SCHEME, Refused, info_proof, parse_ip
 from pdworker.model import KVPool
 from pdworker.server import BadRequest
 from pdworker.transfer import Transport
@@ -44,49 +45,34 @@ log = logging.getLogger(__name__)
 
 
 class PeerError(Exception):
-    """Talking to prefill failed; `reason` is the room's failure reason."""
+    """Talking to prefill failed. `reason` is the room's failure reason; `kind` says what went
+    wrong (unreachable, untrusted, refused, layout), in words fixed here: the detail of a
+    connection error is logged, never handed to the room or the client."""
 
-    def __init__(self, reason: str, detail: str, *, untrusted: bool = False) -> None:
+    def __init__(self, reason: str, kind: str, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
+        self.kind = kind
         self.detail = detail
-        self.untrusted = untrusted  # the endpoint is not a prefill of this deployment
+
+    @property
+    def untrusted(self) -> bool:  # the endpoint is not a prefill of this deployment
+        return self.kind == "untrusted"
 
 
-Allowed = ipaddress.IPv4Network | ipaddress.IPv6Network | tuple[str, int]
+def _unreachable(address: str, what: str, exc: BaseException) -> PeerError:
+    log.info("prefill %s unreachable (%s): %r", address, what, exc)
+    return PeerError("peer_lost", "unreachable", "the prefill could not be reached")
 
 
-def parse_allow(entries: tuple[str, ...]) -> list[Allowed]:
-    """`--prefill-allow` entries: `ip:port` or a network; ValueError names a bad entry."""
-    out: list[Allowed] = []
-    for raw in entries:
-        entry = raw.strip()
-        try:
-            host, sep, port = entry.rpartition(":")
-            if "/" in entry or not sep or (host.count(":") and not host.endswith("]")):
-                out.append(ipaddress.ip_network(entry, strict=False))
-                continue
-            out.append((parse_ip(host.strip("[]")), int(port)))
-        except (ValueError, BadRequest):
-            raise ValueError(
-                f"--prefill-allow: {entry!r} is neither ip:port nor a network"
-            ) from None
-    return out
-
-
-def endpoint(host: Any, port: Any, allow: list[Allowed]) -> str:
-    """The canonical `ip:port` of a bootstrap endpoint named in /generate; BadRequest (400) or
-    Refused (403) for anything decode must not contact."""
+def endpoint(host: Any, port: Any) -> tuple[str, int]:
+    """The canonical (ip, port) of a bootstrap endpoint named in /generate; BadRequest (400)
+    for anything that is not an IP literal and a port (nothing is resolved)."""
     if not isinstance(host, str) or not 0 < len(host) <= 64:
         raise BadRequest("bootstrap_host must be an IP address")
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise BadRequest("bootstrap_port must be an integer in [1, 65535]")
-    ip = parse_ip(host)
-    if allow and not any(
-        (a == (ip, port)) if isinstance(a, tuple) else ipaddress.ip_address(ip) in a for a in allow
-    ):
-        raise Refused(403, f"bootstrap endpoint {format_address(ip, port)} is not allowed here")
-    return format_address(ip, port)
+    return parse_ip(host), port
 
 
 def _source_address(host: str) -> tuple[str, int] | None:
@@ -123,7 +109,6 @@ class PrefillLinks:
         self.transport = transport
         self.pool = pool
         self.on_lost = on_lost
-        self.allow = parse_allow(cfg.prefill_allow)
         self.links: OrderedDict[str, PrefillLink] = OrderedDict()
         self.session: aiohttp.ClientSession | None = None
         self.probes = asyncio.Semaphore(limits.PREFILL_PROBES_AT_ONCE)
@@ -184,7 +169,7 @@ class PrefillLinks:
             assert self.session is not None
             token = self.cfg.bootstrap_token
             if token is None:
-                raise PeerError("transfer_error", "decode has no bootstrap token configured")
+                raise PeerError("transfer_error", "refused", "decode has no bootstrap token")
             nonce = secrets.token_hex(16)
             try:
                 async with (
@@ -203,13 +188,15 @@ class PrefillLinks:
                     or not isinstance(proof, str)
                     or not hmac.compare_digest(proof, info_proof(token, nonce, address))
                 ):
+                    log.warning("bootstrap endpoint %s gave no proof of the key", address)
                     raise PeerError(
                         "transfer_error",
-                        f"{address} is not a prefill of this deployment (no proof of the key)",
-                        untrusted=True,
+                        "untrusted",
+                        "the bootstrap endpoint is not a prefill of this deployment",
                     )
                 if info.get("layout") != self.cfg.model.layout():
-                    raise PeerError("transfer_error", f"KV layout mismatch with prefill {address}")
+                    log.warning("prefill %s has another KV layout: %s", address, info.get("layout"))
+                    raise PeerError("transfer_error", "layout", "KV layout mismatch with prefill")
                 body = {
                     "agent": self.transport.name,
                     "pod": self.cfg.pod,
@@ -227,9 +214,10 @@ class PrefillLinks:
                 }
                 status, data = await self.post(address, hs.PEER_PATH, body, 10)
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                raise PeerError("peer_lost", f"prefill {address} unreachable: {exc!r}") from exc
+                raise _unreachable(address, "registering", exc) from exc
             if status != 200:
-                raise PeerError("transfer_error", f"prefill {address} refused registration: {data}")
+                log.warning("prefill %s refused registration (%d): %s", address, status, data)
+                raise PeerError("transfer_error", "refused", "the prefill refused this decode")
             link.registered = True
             link.incarnation = str(info.get("incarnation", ""))
             link.agent = str(info.get("agent", ""))
@@ -243,9 +231,7 @@ class PrefillLinks:
             try:
                 status, data = await self.post(link.address, hs.ROOM_PATH, body, 5)
             except (aiohttp.ClientError, TimeoutError) as exc:
-                raise PeerError(
-                    "peer_lost", f"prefill {link.address} unreachable: {exc!r}"
-                ) from exc
+                raise _unreachable(link.address, "registering a room", exc) from exc
             if status == 200:
                 return
             if status == 409 and data.get("reason") == "peer_lost" and attempt == 0:
@@ -255,7 +241,8 @@ class PrefillLinks:
             reason = (
                 data.get("reason") if data.get("reason") in FAILURE_REASONS else "transfer_error"
             )
-            raise PeerError(reason, f"prefill refused room: {data.get('error', status)}")
+            log.info("prefill %s refused room %d (%d): %s", link.address, room, status, data)
+            raise PeerError(reason, "refused", f"the prefill refused the room ({reason})")
 
     async def send_abort(self, address: str, room: int) -> None:
         """ABORT to prefill; returns once prefill acknowledged (its writes drained) or timed out."""
@@ -294,11 +281,12 @@ class PrefillLinks:
                 min(3.0, self.cfg.heartbeat_interval * 2),
             )
             if status != 200:
-                raise PeerError("peer_lost", f"heartbeat answered {status}")
+                raise PeerError("peer_lost", "refused", f"heartbeat answered {status}")
         except (aiohttp.ClientError, TimeoutError, PeerError) as exc:
             link.failures += 1
+            log.info("heartbeat %d to %s failed: %r", link.failures, link.address, exc)
             if link.failures >= self.cfg.heartbeat_failures:
-                self.lost(link, f"{link.failures} heartbeats failed ({exc!r})")
+                self.lost(link, f"{link.failures} heartbeats failed")
             return
         link.failures = 0
         if data.get("incarnation") != link.incarnation:

@@ -4,7 +4,8 @@ Like SGLang's routers it picks a random 63-bit bootstrap room (from `secrets`, s
 predict another request's room) and calls prefill and decode
 concurrently (awaiting prefill first deadlocks by construction: prefill waits for decode's
 handshake). It returns decode's answer. A client that disconnects cancels both legs, which the
-workers see as an abort of the room.
+workers see as an abort of the room. A worker that cannot be reached is logged with the details;
+the client hears a fixed sentence.
 """
 
 from __future__ import annotations
@@ -24,50 +25,22 @@ from pdworker import limits
 from pdworker.config import parse_ids, parse_positive_int
 from pdworker.contract import FAILURE_REASONS
 from pdworker.discovery import Discovery
-from pdworker.metrics import WorkerMetrics
+from pdworker.router_shell import RouterShell
 from pdworker.server import BadRequest, client_error, error, read_json
 
 log = logging.getLogger(__name__)
 PREFILL_GRACE_S = 5.0
 
 
-class Router:
+class Router(RouterShell):
     def __init__(
         self, discovery: Discovery, incarnation: str, request_timeout: float = 600.0
     ) -> None:
-        self.discovery = discovery
-        self.request_timeout = request_timeout
-        self.metrics = WorkerMetrics("router", incarnation)
-        self.session: aiohttp.ClientSession | None = None
+        super().__init__(discovery, incarnation, request_timeout)
         self._bootstrap_ports: dict[str, int] = {}
 
-    async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0)
-        self.session = aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=self.request_timeout)
-        )
-
-    async def stop(self) -> None:
-        if self.session is not None:
-            await self.session.close()
-
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=limits.GENERATE_BODY_BYTES)
+    def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/generate", self.handle_generate)
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/healthz", self._health)
-        app.router.add_get("/readyz", self._ready)
-        return app
-
-    async def _metrics(self, _: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
-
-    async def _health(self, _: web.Request) -> web.Response:
-        return web.json_response({"ok": True})
-
-    async def _ready(self, _: web.Request) -> web.Response:
-        ok = bool(self.discovery.prefill() and self.discovery.decode())
-        return web.json_response({"ready": ok}, status=200 if ok else 503)
 
     async def _bootstrap_port(self, prefill: str) -> int:
         port = self._bootstrap_ports.get(prefill)
@@ -90,7 +63,8 @@ class Router:
                     data = {"error": "non-JSON answer"}
                 return resp.status, data if isinstance(data, dict) else {"error": str(data)}
         except (aiohttp.ClientError, TimeoutError) as exc:
-            return 502, {"error": f"{url}: {exc!r}", "reason": "peer_lost"}
+            log.info("%s: %r", url, exc)  # the details stay here, not in the client's answer
+            return 502, {"error": "a worker could not be reached", "reason": "peer_lost"}
 
     async def handle_generate(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -111,9 +85,8 @@ class Router:
             bootstrap_port = await self._bootstrap_port(prefill)
         except (aiohttp.ClientError, TimeoutError, KeyError, ValueError) as exc:
             self._bootstrap_ports.pop(prefill, None)
-            return error(
-                503, f"prefill {prefill} has no bootstrap info: {exc!r}", reason="peer_lost"
-            )
+            log.info("no bootstrap info from %s: %r", prefill, exc)
+            return error(503, "a prefill gave no bootstrap info", reason="peer_lost")
         room = secrets.randbits(63)  # unguessable: a room id must not be predictable
         started = time.monotonic()
         p_task = asyncio.create_task(

@@ -88,7 +88,13 @@ async def run_worker(cfg: WorkerConfig, nixl_backend: str = "UCX") -> None:
         sites.append(
             (BootstrapServer(worker, cfg.bootstrap_token).app(), cfg.host, cfg.bootstrap_port)
         )
-    await serve_until_stopped(sites, asyncio.Event(), on_stop=worker.stop)
+    closed = worker.metrics.connections_closed
+    await serve_until_stopped(
+        sites,
+        asyncio.Event(),
+        on_stop=worker.stop,
+        refused=lambda reason: closed.labels(reason=reason).inc(),
+    )
 
 
 def _is_loopback(host: str) -> bool:
@@ -99,10 +105,24 @@ def _is_loopback(host: str) -> bool:
 
 
 async def run_router(
-    discovery: Discovery, host: str, port: int, incarnation: str, request_limit_s: float
+    discovery: Discovery,
+    host: str,
+    port: int,
+    incarnation: str,
+    request_limit_s: float,
+    *,
+    engine: str = "pdworker",
 ) -> None:
     from pdworker.router import Router
+    from pdworker.vllm_router import VllmRouter
 
-    router = Router(discovery, incarnation, request_timeout=request_limit_s)
+    kind = VllmRouter if engine == "vllm" else Router
+    router = kind(discovery, incarnation, request_timeout=request_limit_s)
     await router.start()
-    await serve_until_stopped([(router.app(), host, port)], asyncio.Event(), on_stop=router.stop)
+    closed = router.metrics.connections_closed
+    await serve_until_stopped(
+        [(router.app(), host, port)],
+        asyncio.Event(),
+        on_stop=router.stop,
+        refused=lambda reason: closed.labels(reason=reason).inc(),
+    )

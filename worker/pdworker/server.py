@@ -1,18 +1,23 @@
 """HTTP plumbing shared by prefill and decode: /metrics, /healthz, /readyz and the admin API.
 
 The admin API is how the operator fails wedged rooms, so it is token-protected: no token
-configured means every admin call is refused (403), a missing token is 401 and a wrong one 403.
-Bodies are validated here, once, into a `FailSelector`; role modules never see raw JSON.
+configured means every admin call is refused (403), a missing or malformed token is 401 and a
+wrong one 403. Bodies are validated here, once, into a `FailSelector`; role modules never see
+raw JSON. Every body any worker reads goes through `body_of`: under its endpoint's cap, within
+BODY_TIMEOUT_S, and inside the process's budget of bodies in flight (`BODIES`), so a few
+connections that send large bodies slowly can neither pin memory nor hold a handler for long.
+Every port is served by `serve_until_stopped` through `listen` (connection caps, head deadlines).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,6 +26,7 @@ from aiohttp import web
 
 from pdworker import contract as c
 from pdworker import limits
+from pdworker.listen import connection_cap, raise_open_files_limit, start_guarded
 
 log = logging.getLogger(__name__)
 MAX_ROOMS_PER_CALL = limits.MAX_ROOMS_PER_CALL
@@ -32,6 +38,33 @@ class BadRequest(Exception):
 
 class TooLarge(BadRequest):
     """A request body over its endpoint's cap (413)."""
+
+
+class TooSlow(BadRequest):
+    """A request body that did not arrive within BODY_TIMEOUT_S (408)."""
+
+
+class Busy(BadRequest):
+    """The process's budget of bodies in flight is spent (503: retry)."""
+
+
+class BodyBudget:
+    """Bytes of request bodies being read or parsed at once in this process (event loop only)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, size: int) -> None:
+        if self.used + size > self.limit:
+            raise Busy(f"this server reads {self.used} bytes of other bodies now; retry")
+        self.used += size
+
+    def give(self, size: int) -> None:
+        self.used -= size
+
+
+BODIES = BodyBudget(limits.INFLIGHT_BODY_BYTES)
 
 
 @dataclass(frozen=True)
@@ -114,21 +147,41 @@ def error(status: int, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": message, **extra}, status=status)
 
 
-async def read_body(request: web.Request, max_bytes: int) -> bytes:
-    """The raw body, refused (TooLarge) as soon as it passes `max_bytes`: never buffered whole."""
+@contextlib.asynccontextmanager
+async def body_of(request: web.Request, max_bytes: int) -> AsyncIterator[bytes]:
+    """The raw body, held inside the process's body budget until the block ends.
+
+    Refused as soon as it passes `max_bytes` (TooLarge, never buffered whole), when it does not
+    arrive within BODY_TIMEOUT_S (TooSlow) or when the budget cannot hold it (Busy): a declared
+    length is taken from the budget before any byte is read, an undeclared one chunk by chunk.
+    """
     declared = request.content_length
     if declared is not None and declared > max_bytes:
         raise TooLarge(f"body of {declared} bytes is over this endpoint's limit of {max_bytes}")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = await request.content.read(64 * 1024)
-        if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > max_bytes:
-            raise TooLarge(f"body is over this endpoint's limit of {max_bytes} bytes")
-        chunks.append(chunk)
+    held = 0
+    try:
+        if declared:
+            BODIES.take(declared)
+            held = declared
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(limits.BODY_TIMEOUT_S):
+                while chunk := await request.content.read(64 * 1024):
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise TooLarge(f"body is over this endpoint's limit of {max_bytes} bytes")
+                    if size > held:
+                        BODIES.take(size - held)
+                        held = size
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise TooSlow(f"body did not arrive within {limits.BODY_TIMEOUT_S:g}s") from None
+        raw = b"".join(chunks)
+        del chunks
+        yield raw
+    finally:
+        BODIES.give(held)
 
 
 def parse_json(raw: bytes) -> Any:
@@ -140,15 +193,35 @@ def parse_json(raw: bytes) -> Any:
 
 
 async def read_json(request: web.Request, max_bytes: int = limits.GENERATE_BODY_BYTES) -> Any:
-    """Read and parse a JSON body under a cap; a large body is parsed off the event loop."""
-    raw = await read_body(request, max_bytes)
-    if len(raw) > limits.PARSE_INLINE_BYTES:
-        return await asyncio.to_thread(parse_json, raw)
-    return parse_json(raw)
+    """Read and parse a JSON body under a cap; a large body is parsed off the event loop. The
+    raw bytes count against the body budget until they are parsed."""
+    async with body_of(request, max_bytes) as raw:
+        if len(raw) > limits.PARSE_INLINE_BYTES:
+            return await asyncio.to_thread(parse_json, raw)
+        return parse_json(raw)
 
 
 def client_error(exc: BadRequest) -> web.Response:
-    return error(413 if isinstance(exc, TooLarge) else 400, str(exc))
+    """400, or 413 / 408 / 503 for a body refused by its cap, its deadline or the budget; those
+    close the connection (the rest of the body is not read)."""
+    status = {TooLarge: 413, TooSlow: 408, Busy: 503}.get(type(exc), 400)
+    response = error(status, str(exc))
+    if status != 400:
+        response.force_close()
+        if status == 503:
+            response.headers["Retry-After"] = "1"
+    return response
+
+
+def presented_token(header: str, scheme: str = "Bearer ") -> bytes | None:
+    """The token in an `Authorization: Bearer <token>` header, as bytes; None when there is
+    none or when it is not UTF-8 (aiohttp hands undecodable header bytes over as surrogates)."""
+    if not header.startswith(scheme):
+        return None
+    try:
+        return header[len(scheme) :].strip().encode()
+    except UnicodeEncodeError:
+        return None
 
 
 def admin_guard(
@@ -164,10 +237,12 @@ def admin_guard(
                     "admin API disabled: no admin token configured "
                     f"(--admin-token-file / {c.ADMIN_TOKEN_FILE_ENV})",
                 )
-            header = request.headers.get("Authorization", "")
-            if not header.startswith("Bearer "):
-                return error(401, "missing bearer token (Authorization: Bearer <token>)")
-            if not hmac.compare_digest(header[len("Bearer ") :].strip().encode(), token.encode()):
+            presented = presented_token(request.headers.get("Authorization", ""))
+            if presented is None:
+                return error(
+                    401, "missing or malformed bearer token (Authorization: Bearer <token>)"
+                )
+            if not hmac.compare_digest(presented, token.encode()):
                 return error(403, "wrong admin token")
             try:
                 return await handler(request)
@@ -223,23 +298,24 @@ async def serve_until_stopped(
     sites: list[tuple[web.Application, str, int]],
     stop: asyncio.Event,
     on_stop: Callable[[], Awaitable[None]] | None = None,
+    refused: Callable[[str], None] = lambda _reason: None,
 ) -> None:
     """Serve apps until SIGTERM/SIGINT (or `stop`), then shut down within bounded time.
 
-    handler_cancellation=True makes a client disconnect cancel its handler: that is how an
-    abort reaches a room.
+    Each port is a `listen.GuardedSite` (a connection cap, head deadlines); `refused` counts the
+    connections they close, by reason. handler_cancellation=True makes a client disconnect
+    cancel its handler: that is how an abort reaches a room.
     """
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    cap = connection_cap(raise_open_files_limit(), len(sites))
     runners = []
     try:
         for app, host, port in sites:
-            runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-            await runner.setup()
-            await web.TCPSite(runner, host, port, reuse_address=True).start()
+            runner, _ = await start_guarded(app, host, port, cap=cap, refused=refused)
             runners.append(runner)
-            log.info("listening on http://%s:%d", host, port)
+            log.info("listening on http://%s:%d (at most %d connections)", host, port, cap)
         await stop.wait()
         log.info("stopping")
         if on_stop is not None:

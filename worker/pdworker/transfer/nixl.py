@@ -1,8 +1,6 @@
-"""The KV transport: a small interface, and its NIXL (UCX) implementation.
+"""The KV transport's NIXL (UCX) adapter, shaped the way the hardware wants it.
 
-Why an interface: the worker logic should not care whether bytes move over NIXL or something a
-test substitutes (tests/worker/memtransport.py is an in-memory one). The NIXL adapter is shaped
-the way the hardware wants it and follows the rules learned from SGLang's and NIXL's bugs:
+It follows the rules learned from SGLang's and NIXL's bugs:
 
 * pools are registered once and descriptor lists prepared once per peer (one descriptor per
   page); a chunk is ONE WRITE over all its pages, selected by index lists (NIXL merges
@@ -31,11 +29,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from pdworker.nixl_loader import load_nixl
+from pdworker.transfer.interface import WRITE_WAIT_GRACE_S, Done, TransferError
 
 log = logging.getLogger(__name__)
 # Between polling rounds in which no handle finished, the progress thread only yields the GIL
@@ -44,7 +43,6 @@ log = logging.getLogger(__name__)
 # under the kv_storm bench 94-109 ms against 143-154 ms spinning (noisy, load 8-11).
 PROGRESS_PAUSE_S = 0.0 if (os.cpu_count() or 1) >= 4 else 0.0001
 RELEASE_RETRY_S = 0.01  # a handle NIXL refused to release (cannot cancel) is retried this often
-WRITE_WAIT_GRACE_S = 5.0  # write(): how long past the deadline to wait for a stuck cancel
 # How often the progress thread drains notifications (and so progresses UCX for incoming
 # messages, connection set-up and, on TCP, incoming data): every DRAIN_ACTIVE_S for a while after
 # any traffic, DRAIN_QUIET_S otherwise. Measured idle cost of a 1 ms drain: ~2 % of a core.
@@ -54,71 +52,6 @@ ACTIVE_WINDOW_S = 1.0  # traffic (a live handle or a notification) keeps the fas
 # Notifications buffered for `poll_notifs`; past this the thread stops draining (NIXL keeps the
 # rest, nothing is lost) until the owner has read them.
 MAX_BUFFERED_NOTIFS = 1 << 16
-
-
-class TransferError(Exception):
-    """A transfer failed; `peer_lost` says the peer itself is gone (remote disconnect)."""
-
-    def __init__(self, message: str, *, peer_lost: bool = False) -> None:
-        super().__init__(message)
-        self.peer_lost = peer_lost
-
-
-Done = Callable[[TransferError | None], None]
-
-
-class Transport(Protocol):
-    name: str
-
-    def metadata(self) -> bytes: ...
-
-    def add_peer(
-        self, agent: str, metadata: bytes, page_descs: list[tuple[int, int, int]], mem_type: str
-    ) -> None: ...
-
-    def remove_peer(self, agent: str) -> None: ...
-
-    def submit(
-        self,
-        agent: str,
-        local_pages: list[int],
-        remote_pages: list[int],
-        notif: bytes,
-        *,
-        timeout: float,
-        done: Done,
-    ) -> None:
-        """Post one WRITE of `local_pages` into the peer's `remote_pages`; return at once.
-
-        `done(None | TransferError)` is called exactly once (maybe before `submit` returns, maybe
-        from another thread) when no part of the WRITE can touch the pages any more.
-        """
-        ...
-
-    def notify(self, agent: str, message: bytes) -> None: ...
-
-    def poll_notifs(self) -> dict[str, list[bytes]]: ...
-
-    def close(self) -> None: ...
-
-
-def write_blocking(
-    transport: Transport, agent: str, local: list[int], remote: list[int], *, notif: bytes,
-    timeout: float,
-) -> None:  # fmt: skip
-    """`submit` and wait for `done` (with a deadline of its own)."""
-    finished = threading.Event()
-    outcome: list[TransferError | None] = []
-
-    def done(err: TransferError | None) -> None:
-        outcome.append(err)
-        finished.set()
-
-    transport.submit(agent, local, remote, notif, timeout=timeout, done=done)
-    if not finished.wait(timeout + WRITE_WAIT_GRACE_S):
-        raise TransferError(f"transfer to {agent} could not be cancelled after {timeout:g}s")
-    if outcome[0] is not None:
-        raise outcome[0]
 
 
 @dataclass

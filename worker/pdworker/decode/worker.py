@@ -6,27 +6,33 @@ end a room at once, an abort is sent to prefill and the pages are freed only aft
 acknowledges (or cannot be reached), and a prefill that stops answering heartbeats or restarts
 fails the rooms bound to it. `decode-stall` wedges this process on purpose: it stops consuming
 notifications and decoding, while /healthz keeps answering 200, as a wedged engine does.
+
+This module is the request path (admission, the handshake through `prefill_link`, waiting for
+the KV, checking it, decoding, cleaning up); what prefill's notifications do to a room is
+`inbox`, and the per-room record both share is `work`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import random
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from aiohttp import web
 
 from pdworker import integrity, limits
+from pdworker.allow import PrefillAllow, parse_allow
 from pdworker.compute import compute_executor
 from pdworker.config import WorkerConfig, parse_ids, parse_positive_int
-from pdworker.contract import KVChunk, KVFail, KVMeta, KVPoll, decode_notification
-from pdworker.handshake import Refused, split_address
+from pdworker.contract import KVPoll
+from pdworker.decode.inbox import Inbox
+from pdworker.decode.work import DecodeWork
+from pdworker.discovery import PodPorts
+from pdworker.handshake import Refused, format_address, split_address
 from pdworker.metrics import WorkerMetrics
 from pdworker.model import KVPool, TinyModel
 from pdworker.ordering import Ordering
@@ -45,28 +51,11 @@ from pdworker.transfer import Transport
 
 log = logging.getLogger(__name__)
 mono = time.monotonic
-
-
-@dataclass
-class DecodeWork:
-    ids: list[int]
-    max_new: int
-    link: str
-    done: asyncio.Future[None]
-    agent: str = ""
-    pages: list[int] = field(default_factory=list)
-    chunks: set[int] = field(default_factory=set)
-    n_chunks: int | None = None
-    first_token: int = 0
-    checksum: str = ""
-    registered: bool = False  # prefill may hold our pages as a destination
-    prefill_knows: bool = False  # the failure came from prefill: no ABORT needed
-    finished: bool = False
-    transfer_started: float = 0.0
-    untrusted: bool = False  # the bootstrap endpoint did not prove it is one of ours (403)
-    # The compute call reading the room's pages (`_verify_and_read`): it outlives a cancelled
-    # request, so cleanup waits for it before the pages can be freed and rewritten.
-    reading: concurrent.futures.Future[tuple[bool, torch.Tensor]] | None = None
+BOOTSTRAP_PORT_NAME = "bootstrap"  # the container port prefill pods declare (operator's render)
+NOT_ALLOWED = "bootstrap endpoint not allowed: not a prefill of this decode's deployment"
+NOTHING_ALLOWED = (
+    "this decode dials no prefill: it was given neither --prefill-allow nor --prefill-selector"
+)
 
 
 class DecodeWorker:
@@ -83,12 +72,16 @@ class DecodeWorker:
         }
         self.table = RoomTable("decode", deadlines=deadlines, legacy=cfg.faults.legacy_status_race)
         self.metrics = WorkerMetrics("decode", cfg.incarnation, self.table, pool.pages)
+        self.allow = PrefillAllow(parse_allow(cfg.prefill_allow))
         self.links = PrefillLinks(cfg, transport, pool, self._rooms_lost)
         self.links.in_use = lambda address: any(w.link == address for w in self.work.values())
         self.work: dict[int, DecodeWork] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.unstalled = asyncio.Event()
         self.unstalled.set()
+        self.inbox = Inbox(
+            cfg, transport, self.table, work=self.work, fail=self._fail, unstalled=self.unstalled
+        )
         self.requests_seen = 0
         self.stopping = False
         self.started = False
@@ -97,9 +90,18 @@ class DecodeWorker:
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
+        if self.cfg.prefill_selector:  # the deployment's prefill pods (allow.py)
+            pods = PodPorts(self.cfg.namespace, self.cfg.prefill_selector, BOOTSTRAP_PORT_NAME)
+            await asyncio.to_thread(pods.refresh)
+            pods.start()
+            self.allow.pods = pods
+        if not self.allow.configured:
+            log.warning(
+                "neither --prefill-allow nor --prefill-selector: this decode dials no prefill"
+            )
         await self.links.start()
-        self._spawn(self._pump_loop())
-        self._spawn(self._watchdog_loop())
+        self._spawn(self.inbox.pump_loop())
+        self._spawn(self.inbox.watchdog_loop())
         self._spawn(self.links.heartbeat_loop())
         self.started = True
 
@@ -114,11 +116,15 @@ class DecodeWorker:
         for task in self.tasks:
             task.cancel()
         await self.links.close()
+        if self.allow.pods is not None:
+            self.allow.pods.close()
         self.compute.shutdown(wait=False, cancel_futures=True)
         self.transport.close()
 
     def ready(self) -> bool:
-        return self.started and not self.stopping
+        """Started, not stopping, and (with --prefill-selector) the prefill pods listed once."""
+        pods = self.allow.pods
+        return self.started and not self.stopping and (pods is None or pods.listed)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -139,14 +145,19 @@ class DecodeWorker:
             room = parse_room(body.get("bootstrap_room"))
             ids = parse_ids(body.get("input_ids"))
             max_new = parse_positive_int(body, "max_new_tokens", 16, limits.MAX_NEW_TOKENS)
-            # Only prefills of this deployment: allowed (--prefill-allow) and, before anything
-            # of ours is sent, proven to hold the bootstrap key (prefill_link).
-            link = endpoint(
-                body.get("bootstrap_host"), body.get("bootstrap_port"), self.links.allow
-            )
-            self.links.admit(link)
+            ip, port = endpoint(body.get("bootstrap_host"), body.get("bootstrap_port"))
         except BadRequest as exc:
             return client_error(exc)
+        # Only prefills of this deployment: allowed before any connection (allow.py) and, before
+        # anything of ours is sent, proven to hold the bootstrap key (prefill_link).
+        link = format_address(ip, port)
+        if not await self.allow.admit(ip, port):
+            self.metrics.endpoints_refused.labels(reason="not_allowed").inc()
+            log.info("refused to dial bootstrap endpoint %s: not allowed", link)
+            why = NOT_ALLOWED if self.allow.configured else NOTHING_ALLOWED
+            return error(403, why, reason="aborted")
+        try:
+            self.links.admit(link)
         except Refused as exc:
             return error(exc.status, exc.message, reason="aborted")
         if self.stopping:
@@ -199,6 +210,7 @@ class DecodeWorker:
             link = await self.links.ensure(work.link)
         except PeerError as exc:
             work.untrusted = exc.untrusted
+            self.metrics.endpoints_refused.labels(reason=exc.kind).inc()
             self._fail(room, exc.reason, exc.detail)
             return self._failure(room)
         work.agent = link.agent
@@ -328,72 +340,6 @@ class DecodeWorker:
             if work.link == address and work.registered:
                 work.prefill_knows = True
                 self._fail(room, "peer_lost", f"prefill {address} lost: {why}")
-
-    # -- notifications and deadlines -----------------------------------------------------
-    async def _pump_loop(self) -> None:
-        while True:
-            if self.unstalled.is_set():
-                try:
-                    self._pump()
-                except Exception:
-                    log.exception("notification pump")
-            busy = self.table.count("transfer") > 0
-            await asyncio.sleep(self.cfg.poll_interval if busy else 0.02)
-
-    def _pump(self) -> None:
-        drop = self.cfg.faults.drop_notifications
-        for agent, messages in self.transport.poll_notifs().items():
-            for raw in messages:
-                if drop and random.random() < drop:
-                    continue
-                try:
-                    self._on_notif(agent, raw)
-                except Exception:  # the batch was handed over: one bad message loses no other
-                    log.exception("notification from %s", agent)
-
-    def _on_notif(self, agent: str, raw: bytes) -> None:
-        note = decode_notification(raw)
-        if note is None:
-            return  # malformed: ignored
-        room = note.room
-        work = self.work.get(room)
-        if work is None or work.agent != agent or work.done.done():
-            return  # late or foreign notification: ignored, never re-creates a room
-        if isinstance(note, KVChunk):
-            if len(work.chunks) >= len(work.pages):
-                return  # more chunks than pages: not from an honest prefill
-            work.chunks.add(note.index)
-            self.table.update(room, KVPoll.Transferring, mono())
-        elif isinstance(note, KVMeta):
-            work.n_chunks, work.first_token, work.checksum = (
-                note.chunks,
-                note.first_token,
-                note.checksum,
-            )
-        elif isinstance(note, KVFail):
-            work.prefill_knows = True
-            self._fail(room, note.reason, f"failed by prefill ({note.reason})")
-            return
-        complete = work.n_chunks is not None and len(work.chunks) >= work.n_chunks
-        if complete and not work.done.done():
-            work.done.set_result(None)
-
-    async def _watchdog_loop(self) -> None:
-        while True:
-            await asyncio.sleep(max(self.cfg.poll_interval, 0.01))
-            if not self.unstalled.is_set():
-                continue
-            try:
-                self._pump()  # drain first, then judge deadlines (SGLang PR #32267)
-            except Exception:  # the deadlines below are judged anyway: this loop never ends
-                log.exception("notification pump (watchdog)")
-            try:
-                for entry in self.table.expire(mono()):
-                    work = self.work.get(entry.room)
-                    if work is not None and not work.done.done():
-                        work.done.set_result(None)
-            except Exception:
-                log.exception("decode watchdog")
 
     # -- admin ---------------------------------------------------------------------------
     def list_rooms(self) -> list[dict[str, Any]]:

@@ -1,0 +1,6 @@
+"""The decode role (see `worker`): the request path, the notification inbox, the per-room work."""
+
+from pdworker.decode.work import DecodeWork
+from pdworker.decode.worker import DecodeWorker
+
+__all__ = ["DecodeWork", "DecodeWorker"]
