@@ -34,7 +34,12 @@ def set_condition(
         last_transition_time=since,
         observed_generation=generation,
     )
-    return [c for c in conditions if c.type != type_] + [new]
+    if previous is None:
+        return [*conditions, new]
+    # In place: two writers (reconcile, remediation) each set their own conditions, and a
+    # condition moved to the end would change the other's list on every pass, a status write
+    # each time, forever.
+    return [new if c.type == type_ else c for c in conditions]
 
 
 def condition_is(conditions: list[Condition], type_: ConditionType, value: str = "True") -> bool:

@@ -6,6 +6,8 @@ never drift between modules.
 
 from typing import Final
 
+from pdworker import contract as pdw
+
 GROUP: Final = "pdwarden.dev"
 VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
@@ -53,5 +55,5 @@ HANDLER_POLICY: Final = "policy-remediation"  # a PDRemediationPolicy's remediat
 HANDLER_POLICY_FORGET: Final = "policy-forget"  # deletion of a policy: drop its memory
 
 # The HTTP port of every worker container (metrics, admin API, generate); render and scraping
-# both use this one.
-WORKER_PORT: Final = 8000
+# both use this one, and it is the worker's own default (its contract defines the number).
+WORKER_PORT: Final = pdw.DEFAULT_HTTP_PORT

@@ -30,8 +30,14 @@ from pdwarden.constants import (
 from pdwarden.handlers import deployment as handlers
 from pdwarden.handlers import policy as policy_handlers
 from pdwarden.k8s import KubeClient
+from pdwarden.k8s.cache import ObjectCache
+from pdwarden.k8s.cached import CachedKube, Watches
 from pdwarden.k8s.foreign import ForeignPods
+from pdwarden.ports import KubeApi
+from pdwarden.reconciling.resync import ResyncGate
+from pdwarden.remediation.act.worker_admin import WorkerAdmin
 from pdwarden.remediation.scrape.client import DEFAULT_MAX_BODY, WorkerClient
+from pdwarden.sharding import Shard, owned_by
 
 
 @dataclass(frozen=True)
@@ -42,11 +48,21 @@ class RunConfig:
     peering_lifetime: int = 60
     max_metrics_bytes: int = DEFAULT_MAX_BODY
     policies: bool = True  # watch PDRemediationPolicies (pdwarden run --no-policies: off)
+    namespaces: tuple[str, ...] = ()  # the operator's scope; empty: the whole cluster
+    watch_cache: bool = True  # serve pod/workload lists from watches (--no-watch-cache: off)
+    operator_namespace: str | None = None  # pdwarden run --operator-namespace
+    shard: Shard | None = None  # pdwarden run --shard I/N: handle only this replica's share
+
+
+def exact_namespaces(namespaces: tuple[str, ...]) -> bool:
+    """Whether the scope is a list of namespace names (no kopf globs or exclusions)."""
+    return bool(namespaces) and all(not any(c in ns for c in "*?[]!,") for ns in namespaces)
 
 
 def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
+    mine = owned_by(config.shard)  # every object handler's filter (sharding.py)
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -61,16 +77,33 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
         settings.peering.lifetime = config.peering_lifetime
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 30
+        # Scoped to named namespaces (the chart's namespaced mode grants nothing cluster-wide),
+        # kopf's scan of Namespaces and CRDs is refused and retried for minutes, an ERROR each
+        # time; the names are exact, so nothing is lost by not scanning (CRDs must exist at
+        # start, which the chart and `kubectl apply` ensure).
+        settings.scanning.disabled = exact_namespaces(config.namespaces)
         client = KubeClient.from_environment()
+        kube: KubeApi = client
+        cache = None
+        if config.watch_cache:
+            cache = ObjectCache(namespaces=config.namespaces)
+            memo.watches = Watches(client.api, cache)
+            memo.watches.start(asyncio.get_running_loop())
+            kube = CachedKube(client, cache)
+        memo.gate = ResyncGate(cache, spacing=config.resync_seconds)
+        workers, admin = WorkerClient(max_body=config.max_metrics_bytes), WorkerAdmin()
         memo.state = handlers.OperatorState(
-            client=client,
+            client=kube,
             token_key=config.token_key,
             global_dry_run=config.global_dry_run,
-            workers=WorkerClient(max_body=config.max_metrics_bytes),
+            workers=workers,
+            admin=admin,
+            operator_namespace=config.operator_namespace,
         )
         memo.policies = policy_handlers.PolicyState(
-            client=client,
-            workers=memo.state.workers,
+            client=kube,
+            workers=workers,
+            admin=admin,
             foreign=ForeignPods(client),
             global_dry_run=config.global_dry_run,
         )
@@ -83,59 +116,79 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
         info: kopf.ConnectionInfo | None = kopf.login_via_client(**kwargs)
         return info
 
-    @kopf.on.resume(*resource, registry=registry, id=HANDLER_RECONCILE)
-    @kopf.on.create(*resource, registry=registry, id=HANDLER_RECONCILE)
-    @kopf.on.update(*resource, registry=registry, id=HANDLER_RECONCILE)
+    @kopf.on.resume(*resource, registry=registry, id=HANDLER_RECONCILE, when=mine)
+    @kopf.on.create(*resource, registry=registry, id=HANDLER_RECONCILE, when=mine)
+    @kopf.on.update(*resource, registry=registry, id=HANDLER_RECONCILE, when=mine)
     async def reconcile_on_change(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await handlers.reconcile_now(memo.state, body, force_apply=True)
 
     # Daemons rather than timers: kopf cancels daemons when it pauses (a higher-priority peer
     # appeared) or stops, whereas a timer that is busy at that moment is left running orphaned.
     @kopf.daemon(
-        *resource, registry=registry, id=HANDLER_RESYNC, cancellation_timeout=2.0, initial_delay=1.0
-    )
+        *resource, registry=registry, id=HANDLER_RESYNC, cancellation_timeout=2.0,
+        initial_delay=1.0, when=mine,
+    )  # fmt: skip
     async def resync(body: kopf.Body, memo: kopf.Memo, stopped: Any, **_: Any) -> None:
+        gate: ResyncGate = memo.gate
         while not stopped:
-            try:
-                await handlers.reconcile_now(memo.state, body, force_apply=False)
-            except kopf.TemporaryError as e:
-                logging.getLogger("pdwarden.main").warning("resync: %s", e)
-            await asyncio.sleep(config.resync_seconds)
+            if gate.due(body):
+                gate.begin(body)
+                result = None
+                try:
+                    result = await handlers.reconcile_now(memo.state, body, force_apply=False)
+                except kopf.TemporaryError as e:
+                    logging.getLogger("pdwarden.main").warning("resync: %s", e)
+                gate.finished(body, result)
+            await gate.wait(body)
 
     @kopf.daemon(
-        *resource, registry=registry, id=HANDLER_SCRAPE, cancellation_timeout=2.0, initial_delay=1.0
-    )
+        *resource, registry=registry, id=HANDLER_SCRAPE, cancellation_timeout=2.0,
+        initial_delay=1.0, when=mine,
+    )  # fmt: skip
     async def remediation_loop(body: kopf.Body, memo: kopf.Memo, stopped: Any, **_: Any) -> None:
+        # Fixed rate: a cycle starts every interval (scrapeIntervalSeconds is the time between
+        # two scrapes of a pod), not an interval after the last one ended. One that overran
+        # its interval is followed by the next after a fifth of it: an overloaded operator
+        # falls behind, it does not spin.
+        loop = asyncio.get_running_loop()
         while not stopped:
+            started = loop.time()
             interval = await handlers.remediation_cycle(memo.state, body)
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(interval / 5, interval - (loop.time() - started)))
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        if "watches" in memo:
+            memo.watches.stop()
         await memo.state.workers.close()
+        await memo.state.admin.close()
 
-    @kopf.on.delete(*resource, registry=registry, id=HANDLER_FORGET, optional=True)
+    @kopf.on.delete(*resource, registry=registry, id=HANDLER_FORGET, optional=True, when=mine)
     async def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         handlers.forget(memo.state, body)
+        memo.gate.forget(body["metadata"]["uid"])
 
     if config.policies:
-        _register_policies(registry)
+        _register_policies(registry, mine)
     return registry
 
 
-def _register_policies(registry: kopf.OperatorRegistry) -> None:
+def _register_policies(registry: kopf.OperatorRegistry, mine: Any) -> None:
     """PDRemediationPolicy: one remediation daemon per policy (no reconcile: it creates
     nothing). Not registered with --no-policies, so kopf never watches the kind."""
     resource = (GROUP, VERSION, POLICY_PLURAL)
 
     @kopf.daemon(
-        *resource, registry=registry, id=HANDLER_POLICY, cancellation_timeout=2.0, initial_delay=1.0
-    )
+        *resource, registry=registry, id=HANDLER_POLICY, cancellation_timeout=2.0,
+        initial_delay=1.0, when=mine,
+    )  # fmt: skip
     async def policy_loop(body: kopf.Body, memo: kopf.Memo, stopped: Any, **_: Any) -> None:
         while not stopped:
             interval = await policy_handlers.policy_cycle(memo.policies, body)
             await asyncio.sleep(interval)
 
-    @kopf.on.delete(*resource, registry=registry, id=HANDLER_POLICY_FORGET, optional=True)
+    @kopf.on.delete(
+        *resource, registry=registry, id=HANDLER_POLICY_FORGET, optional=True, when=mine
+    )
     async def policy_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         policy_handlers.forget_policy(memo.policies, body)

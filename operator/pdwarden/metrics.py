@@ -6,7 +6,21 @@ keeps names stable and lets tests read them without starting a server.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import Counter, Gauge, Histogram
+
+# The label values the operator counts under. Declared at start (declare_series) so every
+# series an alert or a dashboard panel reads exists at 0 before the first event: rate() and
+# increase() then see the first one, and "no data" means the operator is not scraped.
+RECONCILE_RESULTS = ("ok", "invalid_spec", "error")
+REMEDIATION_RESULTS = ("succeeded", "failed", "skipped", "dry_run")
+# scrape (one pod), intent (the Pending entry before an action), action (one remediation
+# action), event (posting an Event), cycle / policy_cycle (a whole remediation cycle),
+# status_write, reconcile (a whole pass).
+STAGES = (
+    "scrape", "intent", "action", "event", "cycle", "policy_cycle", "status_write", "reconcile",
+)  # fmt: skip
 
 RECONCILES = Counter(
     "pdwarden_reconciles", "Reconcile passes by result (ok, invalid_spec, error).", ["result"]
@@ -14,7 +28,9 @@ RECONCILES = Counter(
 RECONCILE_SECONDS = Histogram(
     "pdwarden_reconcile_seconds",
     "Wall time of one reconcile pass.",
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    # Up to 2 min: on a busy API server a pass during create or rollout takes longer than 10 s
+    # (bench/fleet.py measured its p99 above the old top bucket).
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
 )
 OBJECTS_APPLIED = Counter(
     "pdwarden_objects_applied", "Child objects written with server-side apply, by kind.", ["kind"]
@@ -44,18 +60,24 @@ TIME_TO_REMEDIATE = Histogram(
     "Time wedged rooms had spent in the inflight queue when pdwarden failed them.",
     buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
 )
+# Set by every remediation cycle, of both kinds (kind: PDDeployment or PDRemediationPolicy).
 REMEDIATION_SUSPENDED = Gauge(
     "pdwarden_remediation_suspended",
-    "1 while a PDDeployment's circuit breaker holds remediation suspended.",
-    ["namespace", "name"],
+    "1 while an object's circuit breaker holds remediation suspended, else 0.",
+    ["kind", "namespace", "name"],
 )
 WEDGED_ROOMS = Gauge(
-    "pdwarden_wedged_rooms", "Rooms wedged now, per PDDeployment.", ["namespace", "name"]
+    "pdwarden_wedged_rooms",
+    "Rooms wedged now (prefill findings), per PDDeployment or PDRemediationPolicy.",
+    ["kind", "namespace", "name"],
+)
+SCRAPE_REFUSED = Counter(
+    "pdwarden_scrape_refused",
+    "Pods whose /metrics answer went over the byte cap (counted when first seen).",
 )
 
-# Every error the shells contained instead of letting it kill a handler, by where it happened:
-# scrape (one pod), action (one remediation action), event (posting an Event), cycle (a whole
-# remediation cycle), status_write, reconcile (a whole pass).
+# Every error the shells contained instead of letting it kill a handler, by where it happened
+# (STAGES).
 ERRORS = Counter(
     "pdwarden_operator_errors",
     "Errors contained by the operator (a pod, an action, a cycle or a pass), by stage.",
@@ -77,9 +99,23 @@ RECONCILE_PASSES = Counter(
     "Reconcile passes finished (whatever their outcome), per PDDeployment.",
     ["namespace", "name"],
 )
-PER_DEPLOYMENT = (REMEDIATION_SUSPENDED, WEDGED_ROOMS, REMEDIATION_CYCLES, RECONCILE_PASSES)
+PER_DEPLOYMENT = (REMEDIATION_CYCLES, RECONCILE_PASSES)  # by namespace, name
+PER_OBJECT = (REMEDIATION_SUSPENDED, WEDGED_ROOMS)  # by kind, namespace, name
 POLICY_CYCLES = Counter(
     "pdwarden_policy_cycles",
     "Remediation cycles finished (whatever their outcome), per PDRemediationPolicy.",
     ["namespace", "name"],
 )
+
+
+def declare_series(actions: Iterable[str], reasons: Iterable[str]) -> None:
+    """Create every labelled counter series at 0 (called once at start; idempotent)."""
+    for result in RECONCILE_RESULTS:
+        RECONCILES.labels(result)
+    for action in actions:
+        for result in REMEDIATION_RESULTS:
+            REMEDIATIONS.labels(action, result)
+    for reason in reasons:
+        WEDGES_DETECTED.labels(reason)
+    for stage in STAGES:
+        ERRORS.labels(stage)

@@ -1,9 +1,11 @@
-"""The two seams of the operator's shells: what they need from Kubernetes and from worker pods.
+"""The seams of the operator's shells: what they need from Kubernetes and from worker pods.
 
 Why: `reconciling`, `remediation` and `handlers` are the code that runs during incidents, so they
-must be testable without a cluster. They depend on these Protocols, which `k8s.KubeClient` and
-`scrape.client.WorkerClient` satisfy in production and in-memory fakes satisfy in tests
-(tests/shell), with failures injected at will. Nothing here does I/O.
+must be testable without a cluster. They depend on these Protocols, which `k8s.KubeClient`,
+`k8s.foreign.ForeignPods`, `remediation.scrape.client.WorkerClient` and the `remediation.act`
+clients satisfy in production and in-memory fakes satisfy in tests (tests/shell), with failures
+injected at will. The values they carry live below, in `values`; nothing here does I/O, and
+nothing here imports a layer above it.
 """
 
 from __future__ import annotations
@@ -11,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from pdwarden.remediation.act.foreign import EvictionOutcome, LabelPatch
-from pdwarden.remediation.scrape.client import ScrapeResult, Target
+from pdwarden.values import EvictionOutcome, LabelPatch, ScrapeResult, Target
 
 Obj = dict[str, Any]
 
@@ -65,9 +66,21 @@ class ForeignPodApi(Protocol):
 
 
 class WorkerApi(Protocol):
-    """HTTP to worker pods: scrape metrics (and rooms), fail rooms by id."""
+    """Reading worker pods: /metrics and pdworker's rooms list, each tenant (a PDDeployment or
+    PDRemediationPolicy uid) in its own share of connections and parsing."""
 
-    async def scrape(self, targets: Sequence[Target], token: str | None) -> list[ScrapeResult]: ...
+    async def scrape(
+        self, targets: Sequence[Target], token: str | None, tenant: str = ""
+    ) -> list[ScrapeResult]: ...
+
+    def forget(self, tenant: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class AdminApi(Protocol):
+    """The one worker admin call remediation makes: fail rooms by id on a pdworker prefill
+    (idempotent); returns how many it failed now."""
 
     async def fail_rooms(self, target: Target, rooms: Sequence[int], token: str | None) -> int: ...
 

@@ -11,13 +11,24 @@ import asyncio
 import logging
 import os
 import random
+import re
+from pathlib import Path
+from typing import get_args
 
 import kopf
 from prometheus_client import start_http_server
 
+from pdwarden import metrics
+from pdwarden.api.status import LedgerAction
 from pdwarden.main import RunConfig, build_registry
+from pdwarden.remediation.detect.evidence import Reason
 from pdwarden.remediation.scrape.client import DEFAULT_MAX_BODY, MAX_BODY_LIMIT
+from pdwarden.sharding import Shard, ShardError
 from pdwarden.tokens import TokenKeyError, load_key
+
+# Where a pod's ServiceAccount namespace is mounted (the fallback when POD_NAMESPACE is unset).
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,8 +69,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-port", type=int, default=9090, help="serve Prometheus /metrics here; 0 disables"
     )
     parser.add_argument(
+        "--shard", metavar="INDEX/COUNT", default=None,
+        help="handle only the PDDeployments and PDRemediationPolicies whose namespace/name "
+        "hashes to INDEX of COUNT (pdwarden/sharding.py); run COUNT replicas, 0..COUNT-1, each "
+        "with its own --peering name for HA. Default: every object",
+    )  # fmt: skip
+    parser.add_argument(
         "--resync-seconds", type=float, default=5.0,
-        help="seconds between level-based passes over every PDDeployment (5)",
+        help="level-based reconcile passes of one PDDeployment come at most this often: when "
+        "its pods or workloads changed (watched), else only every 300 s (5)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--watch-cache", action=argparse.BooleanOptionalAction, default=True,
+        help="keep the PDDeployments' pods and workloads in memory from watches (default); "
+        "--no-watch-cache: list them from the API server on every pass and cycle",
     )  # fmt: skip
     parser.add_argument(
         "--token-key-file", default=os.environ.get("PDWARDEN_TOKEN_KEY_FILE"),
@@ -81,7 +104,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="watch PDRemediationPolicies and remediate the pods they select (default); "
         "--no-policies: the operator does not watch the kind at all (Helm: policies.enabled)",
     )  # fmt: skip
+    parser.add_argument(
+        "--operator-namespace", metavar="NAMESPACE",
+        default=os.environ.get("POD_NAMESPACE") or None,
+        help="namespace of the operator's own pods: worker NetworkPolicies admit the operator "
+        "only from there. Default: $POD_NAMESPACE, else the pod's ServiceAccount namespace; "
+        "outside a cluster none (the policies then admit no operator pod)",
+    )  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def operator_namespace(given: str | None, fallback: Path = SERVICE_ACCOUNT_NAMESPACE) -> str | None:
+    """The operator's namespace: as given, else the pod's ServiceAccount namespace, else None."""
+    if given is None:
+        try:
+            given = fallback.read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+    if not DNS_LABEL.match(given):
+        raise SystemExit(f"pdwarden run: --operator-namespace {given!r} is not a namespace name")
+    return given
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,10 +133,17 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"pdwarden run: --max-metrics-bytes must be 1..{MAX_BODY_LIMIT}")
     try:
         token_key = load_key(args.token_key_file) if args.token_key_file else None
-    except TokenKeyError as e:
+        shard = Shard.parse(args.shard) if args.shard is not None else None
+    except (TokenKeyError, ShardError) as e:
         raise SystemExit(f"pdwarden run: {e}") from None
+    own_namespace = operator_namespace(args.operator_namespace)
     kopf.configure(verbose=args.verbose)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    if own_namespace is None:
+        logging.getLogger("pdwarden.run").warning(
+            "operator namespace unknown (not in a pod?): worker NetworkPolicies admit no "
+            "operator pod; pass --operator-namespace"
+        )
     registry = build_registry(
         RunConfig(
             resync_seconds=args.resync_seconds,
@@ -103,9 +152,14 @@ def run(args: argparse.Namespace) -> int:
             peering_lifetime=args.peering_lifetime,
             max_metrics_bytes=args.max_metrics_bytes,
             policies=args.policies,
+            namespaces=tuple(args.namespace),
+            watch_cache=args.watch_cache,
+            operator_namespace=own_namespace,
+            shard=shard,
         )
     )
     if args.metrics_port:
+        metrics.declare_series(get_args(LedgerAction), get_args(Reason))
         start_http_server(args.metrics_port, addr=args.host)
     liveness = f"http://{args.host}:{args.liveness_port}/healthz" if args.liveness_port else None
     namespaces = list(args.namespace)

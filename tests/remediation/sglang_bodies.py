@@ -13,7 +13,8 @@ from typing import Any
 
 from bench._metrics_sim import sglang_body
 
-from pdwarden.remediation.scrape.samples import Sample, parse_metrics
+from pdwarden.remediation.scrape.samples import parse_metrics
+from pdwarden.values import Sample
 
 # The rendering lives with the bench's SGLang metrics player, so both play the same series.
 body = sglang_body

@@ -9,16 +9,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from pdwarden.remediation.detect.evidence import PodView
 from pdwarden.remediation.detect.rules import (
     MAX_ROOMS_PER_FINDING,
     MAX_WORKING_PEERS,
     Detection,
-    PodView,
     decode_stalled,
     detect,
     working_rooms,
 )
-from pdwarden.remediation.scrape.samples import RoomView, Sample
+from pdwarden.values import RoomView, Sample
 
 WEDGE_AFTER = 60.0
 STEP = 5.0

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from sglang_bodies import series
 
-from pdwarden.remediation.detect.rules import PodView, detect
+from pdwarden.remediation.detect.evidence import PodView
+from pdwarden.remediation.detect.rules import detect
 
 WEDGE_AFTER = 60.0
 TEN_MINUTES = 121  # samples 5 s apart
@@ -167,3 +168,88 @@ def test_a_hung_scheduler_freezes_its_throughput_gauge() -> None:
     ))  # fmt: skip
     (f,) = detect([idle_prefill(20), decode], WEDGE_AFTER).findings
     assert f.reason == "DecodeStalled" and "generated tokens flat at 77000" in f.evidence
+
+
+# -- health-check probes are traffic (issue 25) --------------------------------------------
+# SGLang 0.5.23's /health runs a one-token request through the scheduler against a fake KV
+# peer whenever nothing runs or waits, wedged disaggregation queues included. Each probe moves
+# per_stage_req_latency_seconds{stage="prefill_transfer_kv_cache"} and
+# realtime_tokens_total{mode="prefill_compute"} (+1 token) on a prefill, republishes its gauges
+# as the probe's batch (running 1, the probe counted inflight), and moves
+# {stage="decode_transferred"} on a decode. Probed every 10 s, scraped every 5 s.
+
+
+def probes(i: int) -> int:
+    return i // 2
+
+
+def test_prefill_wedged_for_ten_minutes_while_probed_every_ten_seconds_is_flagged() -> None:
+    wedged = 3
+    prefill = pod("p-0", "prefill", series(
+        "prefill", TEN_MINUTES, inflight=wedged + 1, running=1, sent=210, finished=210,
+        probe_sent=lambda i: 210 + probes(i), prefill_tokens=lambda i: 55_000 + probes(i),
+    ))  # fmt: skip
+    decode = pod("d-0", "decode", series(
+        "decode", TEN_MINUTES, throughput=0.0, decode_tokens=77_000,
+        arrived=lambda i: 150 + probes(i),
+    ))  # fmt: skip
+    found = judge_every_cycle(prefill, decode)
+    # Flagged from the first full window on, in every cycle for the whole ten minutes.
+    flagged = [i for i, name, reason in found if (name, reason) == ("p-0", "InflightGaugeStuck")]
+    assert flagged == list(range(13, TEN_MINUTES + 1))  # 13 samples span 60 s
+    (f,) = detect([prefill, decode], WEDGE_AFTER).findings
+    assert f.room_count == wedged + 1  # the gauge still counts the last probe (its batch)
+
+
+def test_decode_stalled_for_ten_minutes_while_probed_every_ten_seconds_is_flagged() -> None:
+    prefill = pod("p-0", "prefill", series(
+        "prefill", TEN_MINUTES, sent=40, finished=40, prefill_tokens=lambda i: 5000 + probes(i),
+        probe_sent=lambda i: 40 + probes(i),
+    ))  # fmt: skip
+    decode = pod("d-0", "decode", series(
+        "decode", TEN_MINUTES, running=0, transfer=4, throughput=0.0, decode_tokens=77_000,
+        arrived=lambda i: 150 + probes(i), finished=120,
+    ))  # fmt: skip
+    found = judge_every_cycle(prefill, decode)
+    flagged = [i for i, name, reason in found if (name, reason) == ("d-0", "DecodeStalled")]
+    assert flagged == list(range(13, TEN_MINUTES + 1))  # 13 samples span 60 s
+
+
+def test_a_probed_idle_prefill_still_counts_as_idle() -> None:
+    """A probe computes one prompt token on an idle prefill and leaves at once (SGLang
+    republishes the idle gauges right after): nobody's long prefill, the decode is judged."""
+    prefill = pod("p-0", "prefill", series(
+        "prefill", 20, sent=40, finished=40, prefill_tokens=lambda i: 5000 + probes(i),
+        probe_sent=lambda i: 40 + probes(i),
+    ))  # fmt: skip
+    decode = pod("d-0", "decode", series(
+        "decode", 20, transfer=2, throughput=0.0, decode_tokens=77_000, finished=120,
+    ))  # fmt: skip
+    (f,) = detect([prefill, decode], WEDGE_AFTER).findings
+    assert (f.pod, f.reason) == ("d-0", "DecodeStalled")
+
+
+# -- the decode-backlog excuse only where SGLang can produce it (issue 25) ------------------
+
+
+def busy_decode_short_of_slots(n: int) -> PodView:
+    return pod("d-0", "decode", series(
+        "decode", n, running=64, prealloc=3, throughput=3000.0,
+        decode_tokens=lambda i: 15_000 * i,
+    ))  # fmt: skip
+
+
+def test_default_prefill_settings_get_no_decode_backlog_excuse() -> None:
+    """With SGLang's defaults a room enters the inflight queue only after its decode allocated
+    KV: a busy decode short of slots cannot be why rooms stay there."""
+    history = series("prefill", 40, inflight=3, sent=500, finished=500)
+    prefill = PodView("p-0", "prefill", "uid-p-0", history, rooms_wait_for_decode_kv=False)
+    (f,) = detect([prefill, busy_decode_short_of_slots(40)], WEDGE_AFTER).findings
+    assert (f.pod, f.reason, f.room_count) == ("p-0", "InflightGaugeStuck", 3)
+    assert f.evidence.endswith("rooms enter it only after their decode allocated KV")
+
+
+def test_optimistic_prefill_keeps_the_decode_backlog_excuse() -> None:
+    history = series("prefill", 40, inflight=3, sent=500, finished=500)
+    prefill = PodView("p-0", "prefill", "uid-p-0", history, rooms_wait_for_decode_kv=True)
+    assert detect([prefill, busy_decode_short_of_slots(40)], WEDGE_AFTER).findings == ()

@@ -13,7 +13,8 @@ from pdwarden.api import (
     RemediationStatus,
 )
 from pdwarden.constants import ANNOTATION_RESET_BREAKER
-from pdwarden.remediation.detect.rules import Detection, Finding
+from pdwarden.remediation.detect.evidence import Finding
+from pdwarden.remediation.detect.rules import Detection
 from pdwarden.remediation.policy.plan import Action, DecodePod, Plan
 from pdwarden.remediation.record.ledger import (
     breaker_reset_at,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pdwarden.constants import CONDITION_SERVING
-from pdwarden.remediation.detect.rules import Detection, Finding
-from pdwarden.remediation.scrape.samples import RoomView, Sample
+from pdwarden.constants import CONDITION_SERVING, LABEL_ROLE
+from pdwarden.remediation.detect.evidence import Finding
+from pdwarden.remediation.detect.rules import Detection
 from pdwarden.remediation.views import (
     DeploymentMemory,
     Observation,
@@ -20,6 +20,7 @@ from pdwarden.remediation.views import (
     scrape_targets,
     stale_pods,
 )
+from pdwarden.values import RoomView, Sample
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -29,7 +30,7 @@ def pod(
     deleting: bool = False, conditions: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     meta: dict[str, Any] = {"name": name, "uid": f"uid-{name}",
-                            "labels": {"pdwarden.dev/role": role}}  # fmt: skip
+                            "labels": {LABEL_ROLE: role}}  # fmt: skip
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     status: dict[str, Any] = {"phase": phase, "conditions": conditions or []}

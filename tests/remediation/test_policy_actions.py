@@ -6,18 +6,31 @@ from datetime import UTC, datetime
 
 import pytest
 
-from pdwarden.api import CordonSpec, LedgerEntry, parse_policy_spec
-from pdwarden.remediation.act.foreign import (
-    eviction_outcome,
-    label_patch,
-    record_eviction,
-)
+from pdwarden.api import CordonSpec, HeldBack, LedgerEntry, parse_policy_spec
+from pdwarden.constants import LABEL_SERVING
+from pdwarden.k8s.foreign import eviction_outcome
+from pdwarden.remediation.act.pod_label import label_patch
+from pdwarden.remediation.act.restart import eviction_done
 from pdwarden.remediation.policy.cordon import cordon_check
 from pdwarden.remediation.policy.plan import Action, actions_in_last_hour
 from pdwarden.remediation.policy.scope import ForeignPod, foreign_pod
+from pdwarden.remediation.record.ledger import ledger_entry
+from pdwarden.values import EvictionOutcome
+
+
+def record_eviction(
+    action: Action, outcome: EvictionOutcome, now: datetime
+) -> tuple[LedgerEntry, HeldBack | None]:
+    """The ledger entry and held-back note a restart by eviction leaves (as the cycle writes)."""
+    done = eviction_done(action, outcome, now)
+    entry = ledger_entry(
+        action, now=now, dry_run=False, outcome=done.outcome, detail=done.detail, rooms=done.rooms
+    )
+    return entry, done.held
+
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-KEY = "pdwarden.dev/serving"
+KEY = LABEL_SERVING
 
 
 def cordon(**raw: object) -> CordonSpec:

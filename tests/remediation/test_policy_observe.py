@@ -12,6 +12,7 @@ from pdwarden.api import (
     parse_policy_status,
     to_wire,
 )
+from pdwarden.constants import LABEL_SERVING
 from pdwarden.remediation.policy.cordon import cordon_check
 from pdwarden.remediation.policy.scope import ForeignPod, foreign_pod, select
 from pdwarden.remediation.record.policy_status import inactive_status, selection_status
@@ -39,7 +40,7 @@ def pod(name: str, ready: bool = True, /, **labels: str) -> ForeignPod:
 
 PODS = [
     pod("p0", app="sg", role="prefill"),
-    pod("d0", app="sg", role="decode", **{"pdwarden.dev/serving": "false"}),
+    pod("d0", app="sg", role="decode", **{LABEL_SERVING: "false"}),
     pod("d1", False, app="sg", role="decode"),
     pod("d2", app="sg", role="decode", shared="yes"),
 ]
@@ -78,7 +79,7 @@ def test_transition_times_move_only_when_a_condition_flips() -> None:
     later = T0 + timedelta(minutes=1)
     same = status({"rival": RIVAL}, {"app": "sg"}, first, later)
     assert same.conditions == first.conditions
-    fixed = status({}, {"app": "sg", "pdwarden.dev/serving": "true"}, same, later)
+    fixed = status({}, {"app": "sg", LABEL_SERVING: "true"}, same, later)
     by_type = {c.type: c for c in fixed.conditions}
     assert (by_type["Conflict"].status, by_type["Conflict"].last_transition_time) == (
         "False", later)  # fmt: skip

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pdwarden.api import PDRemediationPolicySpec, parse_policy_spec
+from pdwarden.constants import LABEL_DEPLOYMENT, LABEL_SERVING
 from pdwarden.remediation.detect.rules import Detection
 from pdwarden.remediation.policy.plan import plan
 from pdwarden.remediation.policy.scope import (
@@ -62,7 +63,7 @@ def test_selects_each_role_and_ignores_the_rest() -> None:
 
 
 def test_never_a_pod_of_a_pddeployment() -> None:
-    pdd_label = pod("x-d0", app="sg", role="decode", **{"pdwarden.dev/deployment": "x"})
+    pdd_label = pod("x-d0", app="sg", role="decode", **{LABEL_DEPLOYMENT: "x"})
     managed = pod("x-d1", app="sg", role="decode", **{"app.kubernetes.io/managed-by": "pdwarden"})
     scope = select("a", policy(), {}, [pdd_label, managed, *pods_of("sg", 0, 1)])
     assert names(scope.decode) == ["sg-d0"]
@@ -147,7 +148,7 @@ def test_budget_counts_every_matched_decode_pod_including_refused_ones() -> None
 
 def test_cordoned_label_uses_budget_and_a_used_budget_refuses_new_pods() -> None:
     spec = policy(remediation={"maxUnavailableDecode": 1})
-    cordoned = pod("d0", app="sg", role="decode", **{"pdwarden.dev/serving": "false"})
+    cordoned = pod("d0", app="sg", role="decode", **{LABEL_SERVING: "false"})
     scope = select("a", spec, {}, [cordoned, pod("d1", app="sg", role="decode")])
     budget = decode_budget_of(spec, scope)
     assert budget.unavailable == ("d0",) and budget.left == 0
@@ -159,7 +160,7 @@ def test_plan_counts_refused_pods_in_the_budget_but_never_acts_on_them() -> None
     """The shared remediation.plan, fed by the policy path: its budget spans the whole pool."""
     spec = policy(remediation={"mode": "Enforce", "maxUnavailableDecode": 1})
     pods = [pod("d0", app="sg", role="decode"), pod("d1", app="sg", role="decode"),
-            pod("d2", app="sg", role="decode", **{"pdwarden.dev/deployment": "x"}),
+            pod("d2", app="sg", role="decode", **{LABEL_DEPLOYMENT: "x"}),
             pod("d3", False, app="sg", role="decode")]  # fmt: skip
     scope = select("a", spec, {}, pods)
     decodes = decode_pods_for_plan(spec, scope, {}, NOW)
@@ -174,7 +175,7 @@ def test_plan_counts_refused_pods_in_the_budget_but_never_acts_on_them() -> None
 
 def test_cordoned_since_comes_from_the_ledger_else_now() -> None:
     spec = policy()
-    labelled = {"app": "sg", "role": "decode", "pdwarden.dev/serving": "false"}
+    labelled = {"app": "sg", "role": "decode", LABEL_SERVING: "false"}
     scope = select("a", spec, {}, [pod("d0", **labelled), pod("d1", **labelled),
                                    pod("d2", app="sg", role="decode")])  # fmt: skip
     earlier = NOW - timedelta(minutes=5)

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from pdwarden.api import LedgerEntry, RemediationSpec
-from pdwarden.remediation.detect.rules import Detection, Finding
+from pdwarden.remediation.detect.evidence import Finding
+from pdwarden.remediation.detect.rules import Detection
 from pdwarden.remediation.policy.plan import (
     Action,
     DecodePod,

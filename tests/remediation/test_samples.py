@@ -22,14 +22,13 @@ from pdwarden.remediation.scrape.samples import (
     MAX_LABEL_VALUE_CHARS,
     MAX_LINE_CHARS,
     MAX_TEXT_BYTES,
-    RoomView,
-    Sample,
     ScrapeError,
     nonzero_queues,
     parse_metrics,
     parse_rooms,
     read_series,
 )
+from pdwarden.values import RoomView, Sample
 
 DATA = Path(__file__).parent / "data"
 SGLANG_FIXTURES = sorted(p.name for p in DATA.glob("sglang_*.prom"))
@@ -98,9 +97,11 @@ def test_sglang_prefill_sums_dp_ranks_and_reads_the_priority_total() -> None:
     s = parse_metrics(body("sglang_prefill_dp2_priority.prom"), at=5.0, engine="sglang")
     assert (s.inflight_queue, s.bootstrap_queue, s.waiting_queue, s.running) == (4, 2, 0 + 1, 0)
     assert s.failed == 3  # bootstrap (dp 0) + transfer (dp 1) failures, once per DP rank
-    assert s.kv_transfers == 40 + 37  # rooms whose transfer finished, per DP rank
+    # Rooms whose real KV transfer finished, per DP rank: kv_transfer_latency_ms_count, never
+    # per_stage_req_latency_seconds{stage="prefill_transfer_kv_cache"} (a health probe moves it).
+    assert s.kv_transfers == 40 + 37
     assert s.completed == 77  # tokenizer: summed over is_streaming and priority
-    assert s.prefill_tokens == 190_000
+    assert s.prefill_tokens is None  # realtime_tokens{mode="prefill_compute"}: a probe moves it
     assert s.throughput == 0 and s.generated_tokens is None
     assert s.incarnation is None
 
@@ -113,14 +114,15 @@ def test_sglang_decode_progress_is_per_step_never_finish_only() -> None:
     # generation_tokens_total (8080, moved only when a request finishes): never read.
     assert s.generated_tokens == 1_000_000
     assert "sglang:generation_tokens_total" in body("sglang_decode_dp2_priority.prom")
-    assert s.kv_transfers == 150 and s.completed == 120 and s.failed == 1
+    # stage="decode_transferred" (150) counts health probes too: not read.
+    assert s.kv_transfers is None and s.completed == 120 and s.failed == 1
 
 
 def test_sglang_rank_copies_are_not_summed() -> None:
     """--tp 2 --pp 2 --enable-metrics-for-all-schedulers: four schedulers write one state."""
     s = parse_metrics(body("sglang_prefill_pp2_all_schedulers.prom"), 0, "sglang")
     assert (s.inflight_queue, s.bootstrap_queue, s.running, s.waiting_queue) == (5, 1, 1, 2)
-    assert (s.failed, s.kv_transfers, s.prefill_tokens) == (1, 12, 50_000)
+    assert (s.failed, s.kv_transfers, s.prefill_tokens) == (1, 12, None)
 
 
 @pytest.mark.parametrize("name", SGLANG_FIXTURES)
@@ -165,7 +167,7 @@ def test_unreported_queue_reads_as_zero_but_stays_none() -> None:
 
 def test_unknown_engine_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown engine"):
-        parse_metrics("x 1\n", 0, "vllm")
+        parse_metrics("x 1\n", 0, "tensorrt-llm")
 
 
 # -- unusable bodies -----------------------------------------------------------------------
@@ -426,3 +428,16 @@ def test_rooms_carry_the_verified_peer_address_and_refuse_non_ascii_digits() -> 
     assert [(r.room, r.peer_ip) for r in rooms] == [(7, "127.0.2.1"), (8, None)]
     with pytest.raises(ScrapeError):
         parse_rooms([{"room": "\u00b2", "phase": "inflight", "phase_seconds": 1}])
+
+
+def test_sglang_finished_requests_are_summed_over_every_tokenizer_label() -> None:
+    """The tokenizer labels each finished request with its own priority, streaming mode and
+    custom labels (--tokenizer-metrics-allowed-custom-labels; tokenizer_manager.py:3226-3233):
+    every series is a different set of requests, none is a copy."""
+    lines = [
+        'sglang:num_requests_total{engine_type="prefill",is_streaming="false",'
+        f'model_name="m",priority="{p}",tenant="{t}"}} {n}'
+        for p, t, n in (("0", "a", 5.0), ("0", "b", 7.0), ("1", "a", 11.0))
+    ]
+    s = parse_metrics("\n".join(lines) + "\n", 0, "sglang")
+    assert s.completed == 5 + 7 + 11

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from pdwarden.api import LedgerEntry
 from pdwarden.remediation.scrape import sanitize
-from pdwarden.remediation.scrape.samples import RoomView
+from pdwarden.values import RoomView
 
 
 @given(st.text(), st.integers(min_value=0, max_value=2000))

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from pdwarden.api import LedgerEntry, RemediationSpec
-from pdwarden.remediation.detect.rules import Detection, Finding
+from pdwarden.remediation.detect.evidence import Finding
+from pdwarden.remediation.detect.rules import Detection
 from pdwarden.remediation.policy.plan import Action, DecodePod, Plan, plan
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
@@ -164,8 +165,3 @@ def test_dry_run_records_the_ladder_without_repeating_it_every_cycle() -> None:
 
 def test_off_does_nothing() -> None:
     assert run(wedged(), mode="Off").actions == ()
-
-
-def test_restart_prefill_needs_abort_requests() -> None:
-    with pytest.raises(ValueError, match="RestartPrefill needs AbortRequests"):
-        RemediationSpec(actions=["CordonDecode", "RestartPrefill"])

@@ -15,15 +15,14 @@ import copy
 import itertools
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdwarden.constants import API_VERSION, KIND, LABEL_DEPLOYMENT, LABEL_ROLE
+from pdwarden.constants import API_VERSION, CONDITION_SERVING, KIND, LABEL_DEPLOYMENT, LABEL_ROLE
 from pdwarden.k8s import ApiError
-from pdwarden.remediation.scrape.client import ScrapeResult, Target
-from pdwarden.remediation.scrape.samples import RoomView, Sample
+from pdwarden.values import RoomView, Sample, ScrapeResult, Target
 
 Obj = dict[str, Any]
 
@@ -52,13 +51,15 @@ def _matches(obj: Obj, selector: str) -> bool:
 
 @dataclass
 class KubeFake:
-    """An API server in a dict. `fail[verb]` holds exceptions raised by the next calls of that
-    verb (one per call, in order); `down` makes every call raise it (API server unreachable)."""
+    """An API server in a dict. `fail[verb]` holds what the next calls of that verb do, one per
+    call in order: raise the exception, or (None) succeed; `down` makes every call raise it (API
+    server unreachable)."""
 
     objects: dict[tuple[str, str, str], Obj] = field(default_factory=dict)
     events: list[Obj] = field(default_factory=list)
-    fail: dict[str, list[BaseException]] = field(default_factory=lambda: defaultdict(list))
+    fail: dict[str, list[BaseException | None]] = field(default_factory=lambda: defaultdict(list))
     down: BaseException | None = None
+    calls: Counter[str] = field(default_factory=Counter)  # calls made, by verb
     _rv: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     # -- test helpers ---------------------------------------------------------------------
@@ -80,10 +81,11 @@ class KubeFake:
         return [copy.deepcopy(o) for (k, _, _), o in self.objects.items() if k == kind]
 
     def _enter(self, verb: str) -> None:
+        self.calls[verb] += 1
         if self.down is not None:
             raise self.down
-        if self.fail[verb]:
-            raise self.fail[verb].pop(0)
+        if self.fail[verb] and (error := self.fail[verb].pop(0)) is not None:
+            raise error
 
     def _bump(self, obj: Obj) -> Obj:
         obj["metadata"]["resourceVersion"] = str(next(self._rv))
@@ -178,6 +180,9 @@ class KubeFake:
 
     async def create_event(self, event: Obj) -> None:
         self._enter("create_event")
+        name = event["metadata"]["name"]
+        if any(e["metadata"]["name"] == name for e in self.events):
+            raise ApiError(409, f'events "{name}" already exists')
         self.events.append(copy.deepcopy(event))
 
 
@@ -266,7 +271,7 @@ def cluster(kube: KubeFake, prefill: int = 2, decode: int = 2, **remediation: An
             pod(kube, sts, f"pd-{role}-{i}", role, f"127.0.{net}.{i + 1}")
     for i in range(decode):
         kube.objects[("Pod", "ns", f"pd-decode-{i}")]["status"]["conditions"].append(
-            {"type": "pdwarden.dev/serving", "status": "True"}
+            {"type": CONDITION_SERVING, "status": "True"}
         )
     return kube.obj(KIND, "ns", "pd")
 
@@ -314,7 +319,9 @@ class WorkerFake:
             generated_tokens=0.0, incarnation=inc,
         )  # fmt: skip
 
-    async def scrape(self, targets: Sequence[Target], token: str | None) -> list[ScrapeResult]:
+    async def scrape(
+        self, targets: Sequence[Target], token: str | None, tenant: str = ""
+    ) -> list[ScrapeResult]:
         out = []
         for t in targets:
             self.scraped.append(t.pod)
@@ -334,6 +341,9 @@ class WorkerFake:
         self.rooms[target.pod] = [r for r in live if r.room not in set(rooms)]
         self.failed[target.pod] += [r.room for r in hit]
         return len(hit)
+
+    def forget(self, tenant: str) -> None:
+        return None
 
     async def close(self) -> None:
         return None

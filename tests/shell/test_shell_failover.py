@@ -38,7 +38,9 @@ def ledger(kube: KubeFake) -> list[dict[str, Any]]:
 def test_two_replicas_alternating_never_lose_a_ledger_entry(lagging: bool) -> None:
     kube, workers = KubeFake(), WorkerFake()
     cluster(kube, maxActionsPerHour=1000, actions=["FailRooms"])
-    replicas = [OperatorState(client=kube, workers=workers, token_key=KEY) for _ in range(2)]
+    replicas = [
+        OperatorState(client=kube, workers=workers, admin=workers, token_key=KEY) for _ in range(2)
+    ]
     seen: dict[int, dict[str, Any]] = {}  # what each replica's watch last showed
     start = conflicts()
 

@@ -26,7 +26,9 @@ from shell_fakes import KubeFake, cluster
 from pdwarden.constants import KIND
 from pdwarden.handlers.deployment import OperatorState, remediation_cycle
 from pdwarden.k8s import ApiError, KubeClient
-from pdwarden.remediation.scrape.client import ScrapeResult, Target, WorkerClient
+from pdwarden.remediation.act.worker_admin import WorkerAdmin
+from pdwarden.remediation.scrape.client import WorkerClient
+from pdwarden.values import ScrapeResult, Target
 from pdworker import contract
 
 KEY = b"k" * 32
@@ -43,23 +45,29 @@ def rooms(room: int, peer: str) -> list[dict[str, Any]]:
 
 
 class PortMap:
-    """The real WorkerClient, with each pod's address mapped to its test server's port (the
-    operator always dials the worker port; test servers cannot all have it)."""
+    """The real WorkerClient and WorkerAdmin, with each pod's address mapped to its test
+    server's port (the operator always dials the worker port; test servers cannot all have it)."""
 
     def __init__(self, inner: WorkerClient, ports: dict[str, int]) -> None:
-        self.inner, self.ports = inner, ports
+        self.inner, self.admin, self.ports = inner, WorkerAdmin(), ports
 
     def _map(self, t: Target) -> Target:
         return replace(t, port=self.ports[t.ip])
 
-    async def scrape(self, targets: Sequence[Target], token: str | None) -> list[ScrapeResult]:
-        return await self.inner.scrape([self._map(t) for t in targets], token)
+    async def scrape(
+        self, targets: Sequence[Target], token: str | None, tenant: str = ""
+    ) -> list[ScrapeResult]:
+        return await self.inner.scrape([self._map(t) for t in targets], token, tenant)
 
     async def fail_rooms(self, target: Target, rooms: Sequence[int], token: str | None) -> int:
-        return await self.inner.fail_rooms(self._map(target), rooms, token)
+        return await self.admin.fail_rooms(self._map(target), rooms, token)
+
+    def forget(self, tenant: str) -> None:
+        self.inner.forget(tenant)
 
     async def close(self) -> None:
         await self.inner.close()
+        await self.admin.close()
 
 
 def worker_app(behaviour: str, room: int) -> web.Application:
@@ -115,7 +123,7 @@ def ledger(kube: KubeFake) -> list[tuple[str, str]]:
 @pytest.mark.parametrize(
     ("bad", "expect", "why"),
     [
-        ("html", [("pd-prefill-0", "Failed"), ("pd-prefill-1", "Succeeded")], "mimetype"),
+        ("html", [("pd-prefill-0", "Failed"), ("pd-prefill-1", "Succeeded")], "not JSON"),
         ("disconnect", [("pd-prefill-0", "Failed"), ("pd-prefill-1", "Succeeded")], "disconnect"),
         # pd-prefill-0 cannot be judged (an unusable rooms answer is a scrape error): no action
         ("nested", [("pd-prefill-1", "Succeeded")], None),
@@ -133,7 +141,7 @@ def test_a_misbehaving_worker_costs_only_its_own_action(
         ports = await agen.__anext__()
         try:
             workers = PortMap(WorkerClient(timeout=5.0), ports)
-            state = OperatorState(client=kube, workers=workers, token_key=KEY)
+            state = OperatorState(client=kube, workers=workers, admin=workers, token_key=KEY)
             await remediation_cycle(state, kube.obj(KIND, "ns", "pd"))
             await workers.close()
         finally:

@@ -22,13 +22,18 @@ import pytest
 from prometheus_client import REGISTRY
 from shell_fakes import KubeFake, WorkerFake
 
-from pdwarden.constants import ANNOTATION_RESET_BREAKER, API_VERSION, LABEL_SERVING, POLICY_KIND
+from pdwarden.constants import (
+    ANNOTATION_RESET_BREAKER,
+    API_VERSION,
+    LABEL_DEPLOYMENT,
+    LABEL_SERVING,
+    POLICY_KIND,
+    WORKER_PORT,
+)
 from pdwarden.handlers.policy import PolicyState, policy_cycle
 from pdwarden.k8s import ApiError
-from pdwarden.remediation.act.foreign import EvictionOutcome, LabelPatch
-from pdwarden.remediation.scrape.client import ScrapeResult, Target
-from pdwarden.remediation.scrape.samples import Sample
 from pdwarden.remediation.views import DeploymentMemory, PodMemory
+from pdwarden.values import EvictionOutcome, LabelPatch, Sample, ScrapeResult, Target
 
 TOKEN = "policy-admin-token"
 PDB_REFUSAL = "Cannot evict pod as it would violate the pod's disruption budget."
@@ -80,9 +85,11 @@ class StallingWorkers(WorkerFake):
             return stalled_sample(time.monotonic(), self.incarnation(target.pod))
         return super()._sample(target)
 
-    async def scrape(self, targets: Sequence[Target], token: str | None) -> list[ScrapeResult]:
-        assert all(t.port == 8000 and t.metrics_path == "/metrics" for t in targets)
-        return await super().scrape(targets, token)
+    async def scrape(
+        self, targets: Sequence[Target], token: str | None, tenant: str = ""
+    ) -> list[ScrapeResult]:
+        assert all(t.port == WORKER_PORT and t.metrics_path == "/metrics" for t in targets)
+        return await super().scrape(targets, token, tenant)
 
 
 def stalled_sample(at: float, incarnation: str) -> Sample:
@@ -140,7 +147,7 @@ def policy(kube: KubeFake, name: str = "sgl", mode: str = "Enforce", **over: Any
         "engine": "pdworker",
         "prefillSelector": {"matchLabels": {"app": "sgl", "role": "prefill"}},
         "decodeSelector": {"matchLabels": {"app": "sgl", "role": "decode"}},
-        "metrics": {"port": 8000},
+        "metrics": {"port": WORKER_PORT},
         "remediation": {"mode": mode, "scrapeIntervalSeconds": 1, "wedgeAfterSeconds": 10,
                         "restartAfterSeconds": 10, "cooldownSeconds": 0,
                         "maxUnavailableDecode": 1},
@@ -176,7 +183,7 @@ def workers() -> StallingWorkers:
 
 def make_state(kube: KubeFake, workers: WorkerFake) -> tuple[PolicyState, ForeignFake]:
     foreign = ForeignFake(kube)
-    return PolicyState(client=kube, workers=workers, foreign=foreign), foreign
+    return PolicyState(client=kube, workers=workers, admin=workers, foreign=foreign), foreign
 
 
 def cycle(state: PolicyState, kube: KubeFake, name: str = "sgl") -> None:
@@ -284,7 +291,7 @@ def seed(state: PolicyState, kube: KubeFake, pod: str, samples: list[Sample]) ->
     """Earlier cycles' samples of `pod`, as the policy's memory would hold them."""
     uid = kube.obj("Pod", "ns", pod)["metadata"]["uid"]
     policy_uid = kube.obj(POLICY_KIND, "ns", "sgl")["metadata"]["uid"]
-    mem = state.remediator.memory.setdefault(policy_uid, DeploymentMemory())
+    mem = state.memory.setdefault(policy_uid, DeploymentMemory())
     mem.pods[uid] = PodMemory(samples=deque(samples), last_ok=samples[-1].at)
 
 
@@ -342,7 +349,7 @@ def test_two_policies_selecting_one_pod_both_refuse_it(
 
 def test_a_pdddeployment_pod_is_never_touched(kube: KubeFake, workers: StallingWorkers) -> None:
     kube.objects[("Pod", "ns", "sgl-prefill-0")]["metadata"]["labels"][
-        "pdwarden.dev/deployment"] = "pd"  # fmt: skip
+        LABEL_DEPLOYMENT] = "pd"  # fmt: skip
     policy(kube)
     repeat_offender(kube)
     workers.stuck("sgl-prefill-0", "sgl-decode-1", 7)
@@ -438,7 +445,7 @@ def test_an_invalid_policy_says_why_in_status_and_an_event(
 ) -> None:
     """A spec that slipped past the schema gets Degraded/InvalidSpec with the parser's reason
     and one Warning Event, like a PDDeployment's; fixing it clears Degraded."""
-    policy(kube, mode="Enforce", engine="vllm")
+    policy(kube, mode="Enforce", engine="tensorrt-llm")
     state, foreign = make_state(kube, workers)
     cycle(state, kube)
     bad = condition(kube, "Degraded")

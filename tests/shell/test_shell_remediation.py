@@ -20,7 +20,7 @@ from shell_fakes import KubeFake, WorkerFake, cluster, pod
 from pdwarden.constants import ANNOTATION_RESET_BREAKER, CONDITION_SERVING, KIND
 from pdwarden.handlers.deployment import OperatorState, remediation_cycle
 from pdwarden.k8s import ApiError
-from pdwarden.remediation.scrape.samples import RoomView
+from pdwarden.values import RoomView
 
 KEY = b"k" * 32
 
@@ -36,7 +36,7 @@ def workers() -> WorkerFake:
 
 
 def state_for(kube: KubeFake, workers: WorkerFake) -> OperatorState:
-    return OperatorState(client=kube, workers=workers, token_key=KEY)
+    return OperatorState(client=kube, workers=workers, admin=workers, token_key=KEY)
 
 
 def cycle(state: OperatorState, kube: KubeFake) -> float:
@@ -60,7 +60,7 @@ def errors(stage: str) -> float:
 @pytest.fixture
 def counted() -> Iterator[dict[str, float]]:
     """Error counts at the start of the test; read the increase with `errors(stage) - start`."""
-    yield {s: errors(s) for s in ("scrape", "action", "event", "cycle", "status_write")}
+    yield {s: errors(s) for s in ("scrape", "action", "event", "cycle", "status_write", "intent")}
 
 
 def serving(kube: KubeFake, name: str) -> str:
@@ -91,18 +91,52 @@ def test_an_action_taken_before_a_failed_status_write_is_not_lost(
     cluster(kube, maxActionsPerHour=5)
     workers.stuck("pd-prefill-0", "pd-decode-1", 11)
     state = state_for(kube, workers)
-    kube.fail["patch_status"].append(ApiError(503, "etcd leader changed"))
+    # The first status write is the action's intent; the second, the cycle's own, fails.
+    kube.fail["patch_status"] += [None, ApiError(503, "etcd leader changed")]
     cycle(state, kube)  # acts, then cannot write: contained, counted
     assert workers.failed == {"pd-prefill-0": [11]}
-    assert history(kube) == []
+    assert done(kube) == [("FailRooms", "pd-prefill-0", "Pending")]  # the intent, on the server
     assert errors("status_write") - counted["status_write"] == 1
     assert errors("cycle") - counted["cycle"] == 1
-    cycle(state, kube)  # nothing new to do: but the earlier action is written now
+    cycle(state, kube)  # nothing new to do: but the earlier action is completed now
     assert done(kube) == [("FailRooms", "pd-prefill-0", "Succeeded")]
     rem = kube.obj(KIND, "ns", "pd")["status"]["remediation"]
-    assert rem["actionsLastHour"] == 1  # the breaker counted it
+    assert rem["actionsLastHour"] == 1  # the breaker counted it, once
     cycle(state, kube)
     assert len(history(kube)) == 1  # carried once, never twice
+
+
+def test_no_action_without_its_intent_on_the_api_server(
+    kube: KubeFake, workers: WorkerFake, counted: dict[str, float]
+) -> None:
+    """Intent before action: when the Pending entry cannot be written, nothing is touched."""
+    cluster(kube, maxActionsPerHour=5)
+    workers.stuck("pd-prefill-0", "pd-decode-1", 11)
+    state = state_for(kube, workers)
+    kube.fail["patch_status"].append(ApiError(503, "etcd leader changed"))
+    cycle(state, kube)
+    assert workers.failed == {}
+    assert errors("intent") - counted["intent"] == 1
+    cycle(state, kube)  # the API server is back: decided again, recorded, then done
+    assert workers.failed == {"pd-prefill-0": [11]}
+    assert done(kube) == [("FailRooms", "pd-prefill-0", "Succeeded")]
+
+
+def test_the_intent_costs_one_status_write_per_action_not_per_cycle(
+    kube: KubeFake, workers: WorkerFake
+) -> None:
+    """The durable ledger's price (issue 28): a cycle that acts writes the status once per
+    action (its Pending intent) plus once for the cycle; a cycle with nothing to do adds none."""
+    cluster(kube, maxActionsPerHour=5)
+    state = state_for(kube, workers)
+    cycle(state, kube)  # the first cycle writes the first status
+    quiet = kube.calls["patch_status"]
+    cycle(state, kube)
+    assert kube.calls["patch_status"] == quiet  # nothing changed: nothing written
+    workers.stuck("pd-prefill-0", "pd-decode-1", 11)
+    cycle(state, kube)
+    assert done(kube) == [("FailRooms", "pd-prefill-0", "Succeeded")]
+    assert kube.calls["patch_status"] - quiet == 2  # the intent, then the cycle's record
 
 
 @pytest.mark.parametrize(

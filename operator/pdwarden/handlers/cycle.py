@@ -4,7 +4,7 @@ Why one piece: a PDDeployment's and a PDRemediationPolicy's daemons must behave 
 matters during an incident: a failed cycle is logged and counted (pdwarden_operator_errors, by
 stage) and the next one runs on time (interval from the spec, the idle interval if it does not
 parse); every finished cycle is counted per object (tests wait on that, never on a sleep); and
-a cycle's status is written through the guarded store before the remediator forgets its entries.
+a cycle's status is written through the guarded store before its entries are forgotten.
 """
 
 from __future__ import annotations
@@ -13,16 +13,23 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from prometheus_client import Counter as MetricCounter
 
 from pdwarden import metrics
+from pdwarden.api import RemediationStatus
 from pdwarden.api.base import StatusModel
+from pdwarden.api.status import MAX_HISTORY
 from pdwarden.constants import ANNOTATION_RESET_BREAKER, API_VERSION
 from pdwarden.k8s import ApiError
 from pdwarden.ports import KubeApi
+from pdwarden.remediation import cycle
+from pdwarden.remediation.record.journal import StatusJournal
+from pdwarden.remediation.record.ledger import missing_from
 from pdwarden.remediation.record.store import StatusCache, write
+from pdwarden.remediation.seams import Kind, Tools
+from pdwarden.remediation.views import DeploymentMemory
 
 log = logging.getLogger("pdwarden.handlers")
 IDLE_INTERVAL = 5.0
@@ -39,30 +46,10 @@ class _Spec(Protocol):
 
 
 S = TypeVar("S", bound=StatusModel)
-S_co = TypeVar("S_co", covariant=True)
 SpecT = TypeVar("SpecT", bound=_Spec)
-SpecT_contra = TypeVar("SpecT_contra", contravariant=True)
 
 
-class _Result(Protocol[S_co]):
-    @property
-    def status(self) -> S_co: ...
-
-    @property
-    def clear_reset_annotation(self) -> bool: ...
-
-
-class Remediator(Protocol, Generic[SpecT_contra, S]):
-    """What `remediation.cycle.Remediator` and `remediation.policy_cycle.PolicyRemediator` share."""
-
-    async def cycle(
-        self, body: Mapping[str, Any], spec: SpecT_contra, previous: S
-    ) -> _Result[S]: ...
-
-    def recorded(self, uid: str, status: S) -> None: ...
-
-
-class DaemonState(Protocol[SpecT_contra, S]):
+class DaemonState(Protocol[S]):
     """What `deployment.OperatorState` and `policy.PolicyState` share for their daemons."""
 
     @property
@@ -72,7 +59,13 @@ class DaemonState(Protocol[SpecT_contra, S]):
     def statuses(self) -> StatusCache[S]: ...
 
     @property
-    def remediator(self) -> Remediator[SpecT_contra, S]: ...
+    def kind(self) -> Kind[Any, S, Any]: ...
+
+    @property
+    def tools(self) -> Tools: ...
+
+    @property
+    def memory(self) -> dict[str, DeploymentMemory]: ...
 
     @property
     def cycles(self) -> Counter[str]: ...
@@ -121,36 +114,40 @@ async def contained(
         counter.labels(namespace, name).inc()
 
 
-async def record_cycle(
-    client: KubeApi,
-    statuses: StatusCache[S],
-    remediator: Remediator[SpecT, S],
-    body: Mapping[str, Any],
-    spec: SpecT,
-) -> None:
-    """One remediation cycle and its status write; the caller holds the object's lock."""
+async def record_cycle(state: DaemonState[S], body: Mapping[str, Any], spec: Any) -> None:
+    """One remediation cycle and its status write; the caller holds the object's lock. Intents
+    are written during the cycle (`record.journal`); this write completes them."""
     uid = str(body["metadata"]["uid"])
     namespace, name = names(body)
-    previous = await statuses.current(body)
-    result = await remediator.cycle(body, spec, previous.status)
+    previous = await state.statuses.current(body)
+    journal = StatusJournal(state.statuses, state.client, body, previous)
+    mem = state.memory.setdefault(uid, DeploymentMemory())
+    result = await cycle.run(
+        state.kind, state.tools, body, spec, previous.status, mem=mem, journal=journal
+    )
+    base, new = journal.final(result.status)
     try:
-        known = await write(
-            statuses.kind, client, namespace, name, base=previous, new=result.status
-        )
+        known = await write(state.statuses.kind, state.client, namespace, name, base=base, new=new)
     except ApiError:
         metrics.ERRORS.labels("status_write").inc()
-        raise  # the entries stay in the remediator's memory; the next cycle writes them
-    statuses.remember(uid, known)
-    remediator.recorded(uid, known.status)
+        raise  # the entries stay in memory (mem.unrecorded); the next cycle writes them
+    state.statuses.remember(uid, known)
+    forget_recorded(mem, known.status)
     if result.clear_reset_annotation:
-        await client.patch_metadata(
-            API_VERSION, statuses.kind.kind, namespace, name,
+        await state.client.patch_metadata(
+            API_VERSION, state.statuses.kind.kind, namespace, name,
             {"annotations": {ANNOTATION_RESET_BREAKER: None}},
         )  # fmt: skip
 
 
+def forget_recorded(mem: DeploymentMemory, status: Any) -> None:
+    """A status write succeeded: entries it holds no longer need carrying."""
+    rem = getattr(status, "remediation", None) or RemediationStatus()
+    mem.unrecorded = missing_from(rem.history, mem.unrecorded)[-MAX_HISTORY:]
+
+
 async def daemon_cycle(
-    state: DaemonState[SpecT, S],
+    state: DaemonState[S],
     body: Mapping[str, Any],
     spec_of: Callable[[], SpecT | None],
     *,
@@ -172,7 +169,7 @@ async def daemon_cycle(
                 await idle()
             return IDLE_INTERVAL
         async with state.lock_for(str(body["metadata"]["uid"])):
-            await record_cycle(state.client, state.statuses, state.remediator, body, spec)
+            await record_cycle(state, body, spec)
         return float(spec.remediation.scrape_interval_seconds)
 
     return await contained(

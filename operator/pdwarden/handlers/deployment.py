@@ -21,13 +21,19 @@ import kopf
 
 from pdwarden import metrics
 from pdwarden.api import InvalidSpec, PDDeploymentSpec, PDDeploymentStatus, parse_spec
+from pdwarden.constants import KIND
 from pdwarden.handlers.cycle import daemon_cycle, names
 from pdwarden.k8s import ApiError
-from pdwarden.ports import KubeApi, WorkerApi
+from pdwarden.ports import AdminApi, KubeApi, WorkerApi
 from pdwarden.reconciling.reconcile import PassResult, TransientError, reconcile
-from pdwarden.remediation.cycle import Remediator
-from pdwarden.remediation.record.store import DEPLOYMENT, StatusCache
+from pdwarden.remediation.act.sglang import PrefillAborter, SGLangAdmin
+from pdwarden.remediation.act.worker_admin import WorkerAdmin
+from pdwarden.remediation.kinds.deployment import DeploymentKind
+from pdwarden.remediation.record.ledger import mode_off_status
+from pdwarden.remediation.record.store import DEPLOYMENT, StatusCache, write
 from pdwarden.remediation.scrape.client import WorkerClient
+from pdwarden.remediation.seams import Tools, now_utc
+from pdwarden.remediation.views import DeploymentMemory
 
 log = logging.getLogger("pdwarden.handlers.deployment")
 RETRY_DELAY = 5.0
@@ -35,16 +41,22 @@ RETRY_DELAY = 5.0
 
 @dataclass
 class OperatorState:
-    """Process-wide state kept in kopf's memo: clients, per-object locks, last status written."""
+    """Process-wide state kept in kopf's memo: clients, per-object locks, last status written,
+    and what remediation remembers of each object between cycles."""
 
     client: KubeApi
     token_key: bytes | None = None
     global_dry_run: bool = False
+    operator_namespace: str | None = None  # where this operator runs (None: outside the cluster)
     workers: WorkerApi = field(default_factory=WorkerClient)
+    admin: AdminApi = field(default_factory=WorkerAdmin)
+    sglang: PrefillAborter | None = None
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     known: set[str] = field(default_factory=set)
     statuses: StatusCache[PDDeploymentStatus] = field(init=False)
-    remediator: Remediator = field(init=False)
+    kind: DeploymentKind = field(init=False)
+    tools: Tools = field(init=False)
+    memory: dict[str, DeploymentMemory] = field(default_factory=dict)
     # Finished cycles and passes per object UID (also exported as metrics): progress that a
     # test can wait for before asserting that nothing happened.
     cycles: Counter[str] = field(default_factory=Counter)
@@ -52,7 +64,10 @@ class OperatorState:
 
     def __post_init__(self) -> None:
         self.statuses = StatusCache(DEPLOYMENT, self.client)
-        self.remediator = Remediator(self.client, self.workers, self.token_key)
+        self.kind = DeploymentKind(self.client, self.token_key)
+        self.tools = Tools(
+            self.client, self.workers, self.admin, self.sglang or SGLangAdmin(self.workers)
+        )
 
     def lock_for(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())
@@ -63,9 +78,11 @@ async def reconcile_now(
 ) -> PassResult:
     """One reconcile pass; any failure becomes kopf.TemporaryError (retried), counted."""
     uid = body["metadata"]["uid"]
-    first_time = uid not in state.known
     try:
         async with state.lock_for(uid):
+            # Read under the lock: the resync daemon's first pass waits here while kopf's
+            # create handler applies everything; it must not apply everything again.
+            first_time = uid not in state.known
             previous = await state.statuses.current(body)
             result = await reconcile(
                 state.client,
@@ -73,9 +90,11 @@ async def reconcile_now(
                 force_apply=force_apply or first_time,
                 token_key=state.token_key,
                 previous=previous,
+                operator_namespace=state.operator_namespace,
             )
             if result.known is not None:
                 state.statuses.remember(uid, result.known)
+            state.known.add(uid)
     except (TransientError, ApiError) as e:
         raise kopf.TemporaryError(f"API server error, retrying: {e}", delay=RETRY_DELAY) from e
     except Exception as e:
@@ -86,7 +105,6 @@ async def reconcile_now(
     finally:
         state.passes[uid] += 1
         metrics.RECONCILE_PASSES.labels(*names(body)).inc()
-    state.known.add(uid)
     metrics.MANAGED.set(len(state.known))
     return result
 
@@ -111,7 +129,29 @@ async def remediation_cycle(state: OperatorState, body: Mapping[str, Any]) -> fl
     return await daemon_cycle(
         state, body, lambda: effective_spec(state, body), parse=parse_spec, stage="cycle",
         what="remediation cycle", counter=metrics.REMEDIATION_CYCLES,
+        idle=lambda: report_mode_off(state, body),
     )  # fmt: skip
+
+
+async def report_mode_off(state: OperatorState, body: Mapping[str, Any]) -> None:
+    """No cycle runs: with mode Off the status says so (written only on change); an invalid
+    spec is reconcile's to report (Degraded, InvalidSpec)."""
+    try:
+        if parse_spec(body.get("spec") or {}).remediation.mode != "Off":
+            return
+    except InvalidSpec:
+        return
+    uid = str(body["metadata"]["uid"])
+    namespace, name = names(body)
+    async with state.lock_for(uid):
+        previous = await state.statuses.current(body)
+        status = mode_off_status(
+            previous.status, now=now_utc(), generation=body["metadata"].get("generation")
+        )
+        known = await write(DEPLOYMENT, state.client, namespace, name, base=previous, new=status)
+        state.statuses.remember(uid, known)
+    for gauge in metrics.PER_OBJECT:
+        gauge.labels(KIND, namespace, name).set(0)
 
 
 def forget(state: OperatorState, body: Mapping[str, Any]) -> None:
@@ -124,5 +164,9 @@ def forget(state: OperatorState, body: Mapping[str, Any]) -> None:
     for gauge in metrics.PER_DEPLOYMENT:
         with contextlib.suppress(KeyError):
             gauge.remove(*names(body))
-    state.remediator.forget(uid)
+    for per_object in metrics.PER_OBJECT:
+        with contextlib.suppress(KeyError):
+            per_object.remove(KIND, *names(body))
+    state.memory.pop(uid, None)
+    state.workers.forget(uid)
     metrics.MANAGED.set(len(state.known))

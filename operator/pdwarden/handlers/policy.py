@@ -18,14 +18,17 @@ from typing import Any
 
 from pdwarden import metrics
 from pdwarden.api import InvalidSpec, PDRemediationPolicyStatus, parse_policy_spec
+from pdwarden.constants import POLICY_KIND
 from pdwarden.handlers.cycle import daemon_cycle, names
 from pdwarden.k8s.events import post_event
-from pdwarden.ports import ForeignPodApi, KubeApi, WorkerApi
-from pdwarden.remediation.act.sglang import PrefillAborter
-from pdwarden.remediation.common import now_utc
-from pdwarden.remediation.policy_cycle import PolicyRemediator, effective_policy_spec
+from pdwarden.ports import AdminApi, ForeignPodApi, KubeApi, WorkerApi
+from pdwarden.remediation.act.sglang import PrefillAborter, SGLangAdmin
+from pdwarden.remediation.act.worker_admin import WorkerAdmin
+from pdwarden.remediation.kinds.policy import PolicyKind, effective_policy_spec
 from pdwarden.remediation.record.policy_status import inactive_status
 from pdwarden.remediation.record.store import POLICY, StatusCache, write
+from pdwarden.remediation.seams import Tools, now_utc
+from pdwarden.remediation.views import DeploymentMemory
 
 
 @dataclass
@@ -35,18 +38,24 @@ class PolicyState:
     client: KubeApi
     workers: WorkerApi
     foreign: ForeignPodApi
+    admin: AdminApi = field(default_factory=WorkerAdmin)
     global_dry_run: bool = False
     sglang: PrefillAborter | None = None
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     statuses: StatusCache[PDRemediationPolicyStatus] = field(init=False)
-    remediator: PolicyRemediator = field(init=False)
+    kind: PolicyKind = field(init=False)
+    tools: Tools = field(init=False)
+    memory: dict[str, DeploymentMemory] = field(default_factory=dict)
     # Finished cycles per policy UID: progress a test can wait for before asserting that
     # nothing happened.
     cycles: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         self.statuses = StatusCache(POLICY, self.client)
-        self.remediator = PolicyRemediator(self.client, self.workers, self.foreign, self.sglang)
+        self.kind = PolicyKind(self.client, self.foreign)
+        self.tools = Tools(
+            self.client, self.workers, self.admin, self.sglang or SGLangAdmin(self.workers)
+        )
 
     def lock_for(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())
@@ -87,6 +96,10 @@ def forget_policy(state: PolicyState, body: Mapping[str, Any]) -> None:
     state.locks.pop(uid, None)
     state.statuses.forget(uid)
     state.cycles.pop(uid, None)
-    state.remediator.forget(uid)
+    state.memory.pop(uid, None)
+    state.workers.forget(uid)
     with contextlib.suppress(KeyError):
         metrics.POLICY_CYCLES.remove(*names(body))
+    for gauge in metrics.PER_OBJECT:
+        with contextlib.suppress(KeyError):
+            gauge.remove(POLICY_KIND, *names(body))

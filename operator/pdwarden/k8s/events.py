@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from pdwarden import metrics
+from pdwarden.k8s.client import ApiError
 
 Obj = dict[str, Any]
 COMPONENT = "pdwarden"
@@ -36,7 +37,11 @@ def object_ref(obj: Obj) -> Obj:
 
 
 def build_event(
-    involved: Obj, reason: str, message: str, type_: Literal["Normal", "Warning"] = "Normal"
+    involved: Obj,
+    reason: str,
+    message: str,
+    type_: Literal["Normal", "Warning"] = "Normal",
+    name: str | None = None,
 ) -> Obj:
     now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
     ref = object_ref(involved)
@@ -44,7 +49,7 @@ def build_event(
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {
-            "name": f"{ref['name']}.{uuid.uuid4().hex[:12]}",
+            "name": name or f"{ref['name'][:200]}.{uuid.uuid4().hex[:12]}",
             "namespace": ref["namespace"],
         },
         "involvedObject": ref,
@@ -66,11 +71,20 @@ async def post_event(
     reason: str,
     message: str,
     type_: Literal["Normal", "Warning"] = "Normal",
+    *,
+    name: str | None = None,
 ) -> bool:
     """Post an Event; a failure to post is counted and reported by the return value, never
-    raised (an Event is worth less than the action or cycle that posts it)."""
+    raised (an Event is worth less than the action or cycle that posts it). With a `name`, the
+    Event is posted at most once: the API server refuses a second one (409), which is success."""
     try:
-        await client.create_event(build_event(involved, reason, message, type_))
+        await client.create_event(build_event(involved, reason, message, type_, name))
+    except ApiError as e:
+        if e.status == 409 and name is not None:
+            return True  # posted before (by us, or by the replica we took over from)
+        metrics.ERRORS.labels("event").inc()
+        log.debug("event %s not posted: %s", reason, e)
+        return False
     except Exception as e:  # contained by design, counted below
         metrics.ERRORS.labels("event").inc()
         log.debug("event %s not posted: %s: %s", reason, type(e).__name__, e)

@@ -6,8 +6,8 @@ in two ways that their owners tolerate: one label, merge-patched with the incarn
 (uid and resourceVersion), and the Eviction API (policy/v1) with a uid precondition, which honours
 PodDisruptionBudgets. Each call has its own deadline and comes back as an outcome the remediation
 loop can record (patched, conflict, gone; evicted, held back, gone), or a ForeignActionError that
-names the pod and the verb. The decisions (which label, whether a 429 is "held back") are pure and
-live in pdwarden.remediation.act.foreign.
+names the pod and the verb. Which label to set is decided in remediation.act.pod_label; how the
+Eviction API's answer reads (`eviction_outcome`) is decided here, next to the call.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Final, Literal
 
 from urllib3.exceptions import HTTPError
 
+from pdwarden.api.status import MAX_MESSAGE
 from pdwarden.k8s.client import ApiError, KubeClient, Obj, resource_path
-from pdwarden.remediation.act.foreign import EvictionOutcome, LabelPatch, eviction_outcome
+from pdwarden.values import EvictionOutcome, LabelPatch
 
 ACTION_TIMEOUT: Final = 10.0
 LabelResult = Literal["Patched", "Conflict", "Gone"]
@@ -53,6 +54,26 @@ async def _request(
         return await bounded._call(method, path, body=body, content_type=content_type)
     except HTTPError as e:
         raise ApiError(0, f"{method} {path}: {type(e).__name__}: {e}") from None
+
+
+def eviction_outcome(status: int, message: str) -> EvictionOutcome:
+    """Read the Eviction API's answer (policy/v1, pods/eviction create).
+
+    201/200: evicted. 429: a PodDisruptionBudget forbids it now (held back). 404: the pod is
+    gone; 409: the uid precondition failed, a new incarnation stands there: either way nothing
+    to do. 500 with "more than one PodDisruptionBudget": the API server refuses to pick one, a
+    configuration the user must fix; held back, not retried as a failure. Anything else failed.
+    """
+    text = message.strip()[:MAX_MESSAGE] or f"HTTP {status}"
+    if 200 <= status < 300:
+        return EvictionOutcome("Evicted", "")
+    if status == 429:
+        return EvictionOutcome("HeldBack", f"PodDisruptionBudget: {text}")
+    if status in (404, 409):
+        return EvictionOutcome("Gone", text)
+    if status == 500 and "more than one" in text.lower() and "disruption" in text.lower():
+        return EvictionOutcome("HeldBack", f"PodDisruptionBudget: {text}")
+    return EvictionOutcome("Failed", text)
 
 
 async def set_pod_label(

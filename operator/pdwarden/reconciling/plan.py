@@ -61,6 +61,16 @@ def to_apply(
     ]
 
 
+def apply_waves(objs: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """`objs` in the waves a pass applies them, each wave's objects at once: first what the
+    workloads' pods use or sit behind (ServiceAccount, RBAC, Services, PDB, NetworkPolicy), then
+    the workloads, so no pod is created before its ServiceAccount exists. Order is kept within a
+    wave; an empty wave is left out."""
+    first = [o for o in objs if o["kind"] not in WORKLOAD_KINDS]
+    second = [o for o in objs if o["kind"] in WORKLOAD_KINDS]
+    return [w for w in (first, second) if w]
+
+
 def pods_to_serve(pods: Sequence[Obj]) -> list[tuple[str, str]]:
     """(namespace, name) of decode pods with no serving condition yet: they start serving.
 

@@ -9,6 +9,7 @@ resourceVersion it was computed from so no other writer's ledger entries are los
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -31,9 +32,10 @@ from pdwarden.k8s.events import post_event
 from pdwarden.ownership import Workloads, owned_by, owned_chain
 from pdwarden.ownership import selector as _selector
 from pdwarden.ports import KubeApi
-from pdwarden.reconciling.observe import Observed, compute_status
+from pdwarden.reconciling.observe import Observed, compute_status, pod_problems
 from pdwarden.reconciling.plan import (
     apply_everything,
+    apply_waves,
     degraded,
     invalid_status,
     pods_to_serve,
@@ -68,6 +70,7 @@ class PassContext:
     previous: Known[PDDeploymentStatus]
     now: datetime
     token_key: bytes | None = None
+    operator_namespace: str | None = None  # the worker NetworkPolicy's operator peer
 
 
 @dataclass
@@ -114,13 +117,28 @@ async def _apply(client: KubeApi, owner: Owner, obj: Obj) -> None:
     metrics.OBJECTS_APPLIED.labels(obj["kind"]).inc()
 
 
+async def _apply_one(client: KubeApi, owner: Owner, obj: Obj) -> tuple[str, str | None]:
+    """("Kind/name", None) when applied, else the error for status; transient errors raise."""
+    name = f"{obj['kind']}/{obj['metadata']['name']}"
+    try:
+        await _apply(client, owner, obj)
+    except ConflictError as e:
+        return name, f"ConflictingObject: {e}"
+    except ApiError as e:
+        if e.transient:
+            raise
+        return name, f"ApplyFailed: {obj['kind']} {obj['metadata']['name']}: {e.reason}"
+    return name, None
+
+
 async def _ensure_secret(client: KubeApi, owner: Owner, token_key: bytes | None) -> None:
     """Create the admin-token Secret once. With a token key the operator never reads Secrets."""
     if token_key is not None:
         token = derive_token(token_key, owner.namespace, owner.name, owner.uid)
-        await client.create(admin_secret(owner, token))  # None (409) when it already exists
         key = derive_bootstrap_token(token_key, owner.namespace, owner.name, owner.uid)
-        await client.create(bootstrap_secret(owner, key))
+        await asyncio.gather(  # None (409) when one already exists
+            client.create(admin_secret(owner, token)), client.create(bootstrap_secret(owner, key))
+        )
         return
     n = names(owner.name)
     if await client.get("v1", "Secret", owner.namespace, n.admin_secret) is None:
@@ -148,6 +166,8 @@ async def reconcile(
     force_apply: bool,
     token_key: bytes | None = None,
     previous: Known[PDDeploymentStatus] | None = None,
+    *,
+    operator_namespace: str | None = None,
 ) -> PassResult:
     """Run one pass. Raises TransientError when the API server failed us (retry later)."""
     started = time.monotonic()
@@ -156,7 +176,7 @@ async def reconcile(
     if previous is None:
         previous = known_from_body(DEPLOYMENT, body)
     now = datetime.now(UTC).replace(microsecond=0)
-    ctx = PassContext(client, body, owner, generation, previous, now, token_key)
+    ctx = PassContext(client, body, owner, generation, previous, now, token_key, operator_namespace)
     try:
         try:
             spec = parse_spec(body.get("spec") or {})
@@ -175,24 +195,25 @@ async def _reconcile_valid(
     ctx: PassContext, spec: PDDeploymentSpec, force_apply: bool
 ) -> PassResult:
     client, owner, previous = ctx.client, ctx.owner, ctx.previous.status
-    await _ensure_secret(client, owner, ctx.token_key)
-    desired = render_deployment(owner, spec)
-    observed = await observe(client, owner)
     everything = force_apply or apply_everything(previous, ctx.generation)
+    desired = render_deployment(owner, spec, ctx.operator_namespace)
+    observed = await observe(client, owner)
+    if everything or pod_problems(observed.pods):
+        # With the other non-workload objects (create, update, resume, a spec change, a failing
+        # apply), and whenever a pod is failing (a deleted Secret shows as one); not on every
+        # resync, where it cost two requests per deployment, answered 409.
+        await _ensure_secret(client, owner, ctx.token_key)
     applied: list[str] = []
     apply_error: str | None = None
-    for obj in to_apply(desired, observed, everything=everything):
-        try:
-            await _apply(client, owner, obj)
-        except ConflictError as e:
-            apply_error = f"ConflictingObject: {e}"
-            continue
-        except ApiError as e:
-            if e.transient:
-                raise
-            apply_error = f"ApplyFailed: {obj['kind']} {obj['metadata']['name']}: {e.reason}"
-            continue
-        applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
+    for wave in apply_waves(to_apply(desired, observed, everything=everything)):
+        # A wave's objects at once: a pass is two round trips deep, not one per object (a
+        # burst of created deployments waited seconds on sequential applies; issue 27).
+        outcomes = await asyncio.gather(*(_apply_one(client, owner, obj) for obj in wave))
+        for name, error in outcomes:
+            if error is None:
+                applied.append(name)
+            else:
+                apply_error = error
     if applied:
         observed = await observe(client, owner)
     await _serve_new_decode_pods(client, observed)

@@ -1,272 +1,253 @@
-"""One scrape-detect-remediate cycle for a PDDeployment: the imperative shell of remediation.
+"""The one remediation cycle: observe -> scrape -> detect -> plan -> act -> record, for every kind.
 
-Why: detection, policy and record-keeping are pure (`views`, `detect`, `policy`,
-`ledger`); this module only fetches their inputs (our pods from the API server, samples from
-the workers), performs the plan (admin API, pod conditions, pod deletes) and posts Events. Every
-error is contained where it happens: one pod's scrape, one action, one Event; an action's ledger
-entry is kept in memory the moment it is decided, before anything else can fail, and stays there
-until a status write carries it, so cooldown and the breaker never under-count.
+Why one: a PDDeployment (pods pdwarden runs) and a PDRemediationPolicy (pods someone else runs)
+differ only in which pods they cover, how a cordon and a restart land, what a cordon needs to be
+admitted and where their status goes. Those differences are a `Kind` (remediation.kinds); the
+pipeline, its containment and its record-keeping exist once, here, so a fix reaches both kinds.
+
+Intent before action (issue 28): before an action touches anything, its ledger entry is written
+to the object's status as Pending through the `Journal` (one API call per action); after it, the
+completed entry replaces it in the status this cycle writes. A replica that dies anywhere in
+between leaves either nothing or a Pending entry that the next cycle of any replica completes
+from what the pods show (`recovery.settle`), posting the action's Event if it is missing: Events
+are named after the entry, so a second post is refused by the API server, never duplicated.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
+import asyncio
 import logging
+import os
+import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from typing import Any, Generic, Literal
 
 from pdwarden import metrics
-from pdwarden.api import LedgerEntry, PDDeploymentSpec, PDDeploymentStatus, RemediationStatus
-from pdwarden.api.status import MAX_HISTORY
-from pdwarden.constants import (
-    ANNOTATION_RESET_BREAKER,
-    CONDITION_SERVING,
-    LABEL_ROLE,
-    ROLE_PREFILL,
-    WORKER_PORT,
-)
-from pdwarden.ownership import Workloads, owned_chain, selector
-from pdwarden.ports import KubeApi, WorkerApi
-from pdwarden.remediation.act.sglang import PrefillAborter, SGLangAdmin
-from pdwarden.remediation.common import (
-    announce_new_wedges,
-    execute,
-    iso,
-    now_utc,
-    report_action,
-    scrape_all,
-    why,
-)
+from pdwarden.api import LedgerEntry, PDDeploymentStatus
+from pdwarden.constants import ANNOTATION_RESET_BREAKER
+from pdwarden.ports import WorkerApi
+from pdwarden.remediation import recovery
+from pdwarden.remediation.act.done import Done, skipped
 from pdwarden.remediation.detect.rules import Detection, detect
+from pdwarden.remediation.events import announce_new_wedges, announce_refused, report_entry
 from pdwarden.remediation.policy.plan import Action, Plan, plan
 from pdwarden.remediation.record.ledger import (
     breaker_reset_at,
-    cycle_status,
     ledger_entry,
     merge_history,
-    missing_from,
+    new_entry_id,
 )
-from pdwarden.remediation.scrape.client import Target
+from pdwarden.remediation.scrape import sanitize
+from pdwarden.remediation.seams import (
+    Journal,
+    Kind,
+    Round,
+    Seen,
+    SeenT,
+    SpecT,
+    StatusT,
+    Tools,
+    now_utc,
+)
 from pdwarden.remediation.views import (
-    WORKER_ROLES,
     DeploymentMemory,
+    Observation,
     WorkerPod,
-    decode_pods,
+    observation,
     pod_views,
     remember,
-    scrape_targets,
-    stale_pods,
 )
-from pdwarden.render import Owner, names
-from pdwarden.tokens import derive_token
 
 log = logging.getLogger("pdwarden.remediation.cycle")
-CORDON_REASON = "Cordoned"
+# A test switch, like pdworker's --fault: SIGKILL this process at one point of an action
+# ("intent", "action" or "event"; optionally ":<ActionKind>"), so a failover test can kill the
+# active replica exactly there (e2e/tests/test_ledger_failover.py). Unset in production.
+KILL_AT_ENV = "PDWARDEN_FAULT_KILL_AT"
+KillPoint = Literal["intent", "action", "event"]
+Obj = Mapping[str, Any]
 
 
 @dataclass
-class CycleResult:
+class CycleResult(Generic[StatusT]):
     detection: Detection
     plan: Plan
-    ledger: list[LedgerEntry]  # this cycle's entries
-    status: PDDeploymentStatus
+    ledger: list[LedgerEntry]  # this cycle's entries (settled ones included)
+    status: StatusT
     clear_reset_annotation: bool = False  # remove it once the status (with the reset) is written
 
 
-@dataclass(frozen=True)
-class _Cycle:
-    """What the acting half of one cycle works with."""
-
-    body: Mapping[str, Any]
-    owner: Owner
-    mem: DeploymentMemory
-    token: str | None
-    now: datetime
+def history_of(status: PDDeploymentStatus) -> list[LedgerEntry]:
+    return list(status.remediation.history) if status.remediation else []
 
 
-def _target(w: WorkerPod) -> Target:
-    return Target(
-        pod=w.name, uid=w.uid, role=w.role, ip=w.ip, port=WORKER_PORT, rooms=w.rooms,
-        engine=w.engine,
+async def run(
+    kind: Kind[SpecT, StatusT, SeenT],
+    tools: Tools,
+    body: Obj,
+    spec: SpecT,
+    previous: StatusT,
+    *,
+    mem: DeploymentMemory,
+    journal: Journal,
+) -> CycleResult[StatusT]:
+    """One cycle of one object; the caller holds its lock and writes the returned status."""
+    started = time.monotonic()
+    meta = body["metadata"]
+    rem = spec.remediation
+    seen = await kind.observe(body, spec, mem)
+    r = Round(kind, tools, spec, seen, body, now_utc(), mem, journal)
+    observations = await scrape_all(tools.workers, seen)
+    interval = rem.scrape_interval_seconds
+    remember(mem, list(observations.values()), rem.wedge_after_seconds + 3 * interval)
+    await announce_refused(tools.client, body, mem, seen.workers, observations)
+    views = pod_views(seen.workers, observations, mem, time.monotonic(), interval)
+    detection = detect(views, rem.wedge_after_seconds)
+    stale = {v.name for v in views if v.stale} | set(seen.unjudged)
+    shared = kind.shared_status(previous)
+    history = merge_history(history_of(shared), mem.unrecorded)
+    settled = await recovery.settle(r, history)
+    reconstructed = kind.reconstruct(seen, history, r.now) if mem.cycles == 0 else []
+    mem.cycles += 1  # (the first cycle of the object in this process: a takeover, or a start)
+    # This cycle's pods were read before the settling: plan sees the settled intents as still
+    # Pending and leaves their pods to the next cycle, which reads what the settling did.
+    plan_history = merge_history(history, reconstructed)
+    settled += reconstructed
+    for entry in settled:
+        mem.unrecorded.append(entry)
+        if entry.outcome != "Skipped":  # an intent that never ran happened to nobody: no Event
+            await report_entry(tools.client, body, entry)
+    history = merge_history(history, settled)
+    annotations = meta.get("annotations") or {}
+    reset_at = breaker_reset_at(annotations, meta.get("generation"), shared, r.now)
+    decodes, prefills = kind.serving(spec, seen, stale, history, r.now)
+    decision = plan(
+        rem, detection, decodes, plan_history, r.now,
+        decode_replicas=seen.decode_replicas, breaker_reset_at=reset_at,
+        engine=spec.engine, prefills=prefills,
     )  # fmt: skip
+    decision = kind.admit(decision, seen)
+    await announce_new_wedges(tools.client, body, mem, detection, r.now)
+    done = await execute(r, decision)
+    status = kind.status(
+        previous, spec, seen, detection=detection, decision=decision,
+        history=merge_history(history, done), decodes=decodes, done=done, now=r.now,
+        reset_at=reset_at, generation=meta.get("generation"),
+    )  # fmt: skip
+    metrics.SCRAPE_CYCLE_SECONDS.observe(time.monotonic() - started)
+    labels = (kind.name, meta["namespace"], meta["name"])
+    metrics.REMEDIATION_SUSPENDED.labels(*labels).set(int(decision.suspended))
+    metrics.WEDGED_ROOMS.labels(*labels).set(detection.wedged_rooms)
+    clear = reset_at == r.now and ANNOTATION_RESET_BREAKER in annotations
+    return CycleResult(detection, decision, settled + done, status, clear)
 
 
-_now = now_utc
-_iso = iso
-_why = why
+async def scrape_all(workers: WorkerApi, seen: Seen) -> dict[str, Observation]:
+    """Scrape every pod of one tenant (its own share of the client); one pod's failure,
+    whatever it is, is that pod's error only."""
 
-
-class Remediator:
-    """Runs cycles for every PDDeployment of one operator process."""
-
-    def __init__(
-        self,
-        client: KubeApi,
-        workers: WorkerApi,
-        token_key: bytes | None = None,
-        sglang: PrefillAborter | None = None,
-    ) -> None:
-        self.client = client
-        self.workers = workers
-        self.sglang = sglang or SGLangAdmin()
-        self.token_key = token_key
-        self.memory: dict[str, DeploymentMemory] = {}
-
-    def forget(self, uid: str) -> None:
-        self.memory.pop(uid, None)
-
-    def recorded(self, uid: str, status: PDDeploymentStatus) -> None:
-        """A status write succeeded: entries it holds no longer need carrying."""
-        mem = self.memory.get(uid)
-        if mem is not None:
-            history = (status.remediation or RemediationStatus()).history
-            mem.unrecorded = missing_from(history, mem.unrecorded)[-MAX_HISTORY:]
-
-    async def admin_token(self, owner: Owner) -> str | None:
-        if self.token_key is not None:
-            return derive_token(self.token_key, owner.namespace, owner.name, owner.uid)
-        secret = await self.client.get(
-            "v1", "Secret", owner.namespace, names(owner.name).admin_secret
-        )
-        data = (secret or {}).get("data") or {}
+    async def one(w: WorkerPod) -> Observation:
         try:
-            return base64.b64decode(data["token"]).decode() if "token" in data else None
-        except (binascii.Error, UnicodeDecodeError, TypeError):
-            return None
+            token = seen.token if w.rooms else None  # only a pod with an admin API gets it
+            (res,) = await workers.scrape([seen.targets[w.uid]], token, seen.tenant)
+            return observation(w.uid, res.sample, res.rooms, res.error, res.refused)
+        except Exception as e:  # contained per pod: the pod is stale this cycle, nothing else
+            metrics.ERRORS.labels("scrape").inc()
+            why = sanitize.error(f"{type(e).__name__}: {sanitize.why(e)}")
+            return Observation(w.uid, error=why)
 
-    async def our_pods(self, owner: Owner) -> list[dict[str, Any]]:
-        """Worker pods whose owner chain leads to this PDDeployment; look-alikes carrying our
-        labels are never scraped with the token, judged or acted on (and reported once)."""
-        sel = selector(owner.name)
-        sets = await self.client.list("apps/v1", "StatefulSet", owner.namespace, sel)
-        pods = await self.client.list("v1", "Pod", owner.namespace, sel)
-        workloads = Workloads.of(sets, (), owner.uid)
-        mine, foreign = [], set()
-        for p in pods:
-            meta = p.get("metadata") or {}
-            if (meta.get("labels") or {}).get(LABEL_ROLE) not in WORKER_ROLES:
-                continue  # the router: never scraped, never acted on
-            if owned_chain(p, workloads):
-                mine.append(p)
-            elif not meta.get("deletionTimestamp"):
-                foreign.add(str(meta.get("name")))
-        mem = self.memory.setdefault(owner.uid, DeploymentMemory())
-        if foreign - mem.foreign:
-            log.warning(
-                "%s/%s: ignoring pod(s) with our labels but not our owner chain: %s",
-                owner.namespace, owner.name, ", ".join(sorted(foreign - mem.foreign)),
-            )  # fmt: skip
-        mem.foreign = foreign
-        return mine
+    results = await asyncio.gather(*(one(w) for w in seen.workers))
+    metrics.SCRAPES.inc(len(results))
+    metrics.SCRAPE_ERRORS.inc(sum(1 for o in results if o.sample is None))
+    return {o.uid: o for o in results}
 
-    async def cycle(
-        self, body: Mapping[str, Any], spec: PDDeploymentSpec, previous: PDDeploymentStatus
-    ) -> CycleResult:
-        started = time.monotonic()
-        meta = body["metadata"]
-        owner = Owner(meta["name"], meta["namespace"], meta["uid"])
-        rem, now = spec.remediation, _now()
-        mem = self.memory.setdefault(owner.uid, DeploymentMemory())
-        pods = await self.our_pods(owner)
-        workers = scrape_targets(pods, spec.engine)
-        token = await self.admin_token(owner) if any(w.rooms for w in workers) else None
-        observations = await scrape_all(
-            self.workers, workers, {w.uid: _target(w) for w in workers}, token
-        )
-        interval = rem.scrape_interval_seconds
-        remember(mem, list(observations.values()), rem.wedge_after_seconds + 3 * interval)
-        views = pod_views(workers, observations, mem, time.monotonic(), interval)
-        detection = detect(views, rem.wedge_after_seconds)
-        stale = stale_pods(pods, views)
-        decodes = decode_pods(pods, stale, now)
-        annotations = meta.get("annotations") or {}
-        reset_at = breaker_reset_at(annotations, meta.get("generation"), previous, now)
-        history = merge_history(
-            (previous.remediation or RemediationStatus()).history, mem.unrecorded
-        )
-        decision = plan(
-            rem, detection, decodes, history, now,
-            decode_replicas=spec.decode.replicas, breaker_reset_at=reset_at,
-            engine=spec.engine, prefills=decode_pods(pods, stale, now, role=ROLE_PREFILL),
+
+async def execute(r: Round[Any, Any, Any], decision: Plan) -> list[LedgerEntry]:
+    """Each planned action: its intent on the API server, the action, its entry, its Event.
+
+    An intent that cannot be written stops that action before it starts (intent before action,
+    always); DryRun touches nothing and writes no intent.
+    """
+    out = []
+    for action in decision.actions:
+        entry_id = new_entry_id()
+        if not decision.dry_run:
+            intent = ledger_entry(
+                action, now=r.now, dry_run=False, outcome="Pending", entry_id=entry_id
+            )
+            try:
+                await r.journal.intend(intent)
+            except Exception as e:  # the API server refused or is down: do not act
+                metrics.ERRORS.labels("intent").inc()
+                log.warning("%s: %s %s not taken, its intent could not be recorded: %s",
+                            r.seen.namespace, action.kind, action.pod, sanitize.why(e))  # fmt: skip
+                continue
+            r.mem.unrecorded.append(intent)
+            _kill_point("intent", action.kind)
+        done = await perform(r, action, decision.dry_run)
+        entry = ledger_entry(
+            action, now=r.now, dry_run=decision.dry_run, outcome=done.outcome,
+            detail=done.detail, rooms=done.rooms, entry_id=entry_id,
         )  # fmt: skip
-        await announce_new_wedges(self.client, body, mem, detection, now)
-        ctx = _Cycle(body, owner, mem, token, now)
-        ledger = await self._execute(ctx, decision, workers)
-        status = cycle_status(
-            previous=previous, policy=rem, generation=meta.get("generation"),
-            detection=detection, decision=decision, history=merge_history(history, ledger),
-            decodes=decodes, now=now, reset_at=reset_at,
-        )  # fmt: skip
-        metrics.SCRAPE_CYCLE_SECONDS.observe(time.monotonic() - started)
-        clear = reset_at == now and ANNOTATION_RESET_BREAKER in annotations
-        return CycleResult(detection, decision, ledger, status, clear)
+        r.mem.unrecorded.append(entry)
+        if done.held is not None:
+            r.seen.held.append(done.held)
+        _kill_point("action", action.kind)
+        await report_entry(r.tools.client, r.body, entry)
+        _kill_point("event", action.kind)
+        out.append(entry)
+    return out
 
-    async def _execute(
-        self, ctx: _Cycle, decision: Plan, workers: list[WorkerPod]
-    ) -> list[LedgerEntry]:
-        by_pod = {w.name: _target(w) for w in workers}
 
-        async def act(action: Action) -> LedgerEntry:
-            return await self._act(ctx, action, by_pod.get(action.pod), decision.dry_run)
+async def perform(r: Round[Any, Any, Any], action: Action, dry_run: bool) -> Done:
+    """One action (unless DryRun); never raises, the outcome says what happened."""
+    if dry_run:
+        metrics.REMEDIATIONS.labels(action.kind, "dry_run").inc()
+        return Done()
+    try:
+        done = await _dispatch(r, action)
+    except Exception as e:  # contained per action: recorded as Failed, the cycle goes on
+        metrics.REMEDIATIONS.labels(action.kind, "failed").inc()
+        metrics.ERRORS.labels("action").inc()
+        return Done("Failed", sanitize.why(e))
+    metrics.REMEDIATIONS.labels(action.kind, done.outcome.lower()).inc()
+    return done
 
-        done = await execute(ctx.mem, decision, ctx.now, act)
-        for action, entry in done:
-            await report_action(self.client, ctx.body, action, entry, decision.dry_run)
-        return [entry for _, entry in done]
 
-    async def _act(
-        self, ctx: _Cycle, action: Action, target: Target | None, dry_run: bool
-    ) -> LedgerEntry:
-        """Perform one action (unless DryRun); never raises, the outcome says what happened."""
-        now = ctx.now
-        if dry_run:
-            metrics.REMEDIATIONS.labels(action.kind, "dry_run").inc()
-            return ledger_entry(action, now=now, dry_run=True, outcome="Succeeded")
-        try:
-            detail, done = await self._perform(ctx.owner, action, target, ctx.token, now)
-        except Exception as e:  # contained per action: recorded as Failed, the cycle goes on
-            metrics.REMEDIATIONS.labels(action.kind, "failed").inc()
-            metrics.ERRORS.labels("action").inc()
-            return ledger_entry(action, now=now, dry_run=False, outcome="Failed", detail=_why(e))
-        skipped = detail.startswith("skipped")
-        metrics.REMEDIATIONS.labels(action.kind, "skipped" if skipped else "succeeded").inc()
-        return ledger_entry(
-            action, now=now, dry_run=False, outcome="Skipped" if skipped else "Succeeded",
-            detail=detail, rooms=done,
-        )  # fmt: skip
+async def _dispatch(r: Round[Any, Any, Any], action: Action) -> Done:
+    seen, tools = r.seen, r.tools
+    if action.kind == "FailRooms":
+        target = seen.target(action.pod)
+        if target is None or not target.rooms:
+            return skipped("this engine has no admin API to fail rooms by id", 0)
+        failed = await tools.admin.fail_rooms(target, action.rooms, seen.token)
+        failed = max(0, min(int(failed), len(action.rooms)))
+        return Done(detail=f"worker failed {failed} of {len(action.rooms)} rooms", rooms=failed)
+    if action.kind == "AbortRequests":
+        target = seen.target(action.pod)
+        if target is None:
+            return skipped("the prefill pod has no address (not running)", 0)
+        key = await r.kind.sglang_key(r.spec, seen)
+        report = await tools.sglang.abort_all(target, key, seen.tenant)
+        # abort_all is the narrowest call SGLang 0.5.23 offers (act/sglang.py says why), so the
+        # entry and its Event say what it cost: every request the prefill held, and how many of
+        # those were healthy given the rooms the finding counted wedged.
+        detail = report.detail(f"{action.pod} ({target.base})", wedged=action.room_count)
+        return Done(detail=detail, rooms=report.aborted)
+    if action.kind in ("CordonDecode", "UncordonDecode"):
+        return await r.kind.cordon(r.spec, seen, action, r.now)
+    if action.kind in ("RestartDecode", "RestartPrefill"):
+        return await r.kind.restart(r.spec, seen, action, r.now)
+    raise ValueError(f"unknown action {action.kind}")
 
-    async def _perform(
-        self, owner: Owner, action: Action, target: Target | None, token: str | None, now: datetime
-    ) -> tuple[str, int | None]:
-        """Carry out one action; returns a detail for the ledger and, for FailRooms, how many
-        rooms the worker really failed (rooms that finished meanwhile are not counted), for
-        AbortRequests how many requests the SGLang prefill held when all were aborted."""
-        ns = owner.namespace
-        if action.kind == "FailRooms":
-            if target is None or not target.rooms:
-                return "skipped: this engine has no admin API to fail rooms by id", 0
-            failed = await self.workers.fail_rooms(target, action.rooms, token)
-            failed = max(0, min(int(failed), len(action.rooms)))
-            return f"worker failed {failed} of {len(action.rooms)} rooms", failed
-        if action.kind in ("CordonDecode", "UncordonDecode"):
-            cordon = action.kind == "CordonDecode"
-            await self.client.set_pod_condition(
-                ns, action.pod,
-                {"type": CONDITION_SERVING, "status": "False" if cordon else "True",
-                 "reason": CORDON_REASON if cordon else "Uncordoned",
-                 "message": f"pdwarden: {action.reason}", "lastTransitionTime": _iso(now)},
-            )  # fmt: skip
-            return "", None
-        if action.kind in ("RestartDecode", "RestartPrefill"):
-            deleted = await self.client.delete_pod(ns, action.pod, action.uid)
-            return ("" if deleted else "skipped: the pod was already gone or replaced"), None
-        if action.kind == "AbortRequests":
-            if target is None:
-                return "skipped: the prefill pod has no address (not running)", 0
-            report = await self.sglang.abort_all(target.base)
-            return report.detail(f"{action.pod} ({target.base})"), report.aborted
-        raise ValueError(f"unknown action {action.kind}")
+
+def _kill_point(point: KillPoint, action: str) -> None:
+    """SIGKILL this process if KILL_AT_ENV names this point (and this action, if it names one)."""
+    wanted = os.environ.get(KILL_AT_ENV)
+    if not wanted:
+        return
+    at, _, only = wanted.partition(":")
+    if at == point and only in ("", action):
+        log.warning("%s=%s: killing this operator process now", KILL_AT_ENV, wanted)
+        os.kill(os.getpid(), signal.SIGKILL)

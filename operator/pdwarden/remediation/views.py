@@ -16,10 +16,11 @@ from typing import Any, Final
 
 from pdwarden.api import LedgerEntry
 from pdwarden.constants import CONDITION_SERVING, LABEL_ROLE, ROLE_DECODE, ROLE_PREFILL
-from pdwarden.remediation.detect.rules import Detection, Finding, PodView, working_rooms
+from pdwarden.remediation.detect.evidence import Finding, PodView
+from pdwarden.remediation.detect.rules import Detection, working_rooms
 from pdwarden.remediation.policy.plan import DecodePod
-from pdwarden.remediation.scrape import sanitize
-from pdwarden.remediation.scrape.samples import RoomView, Sample
+from pdwarden.remediation.scrape import sanitize, sglang_args
+from pdwarden.values import RoomView, Sample
 
 Obj = Mapping[str, Any]
 # A pod whose last good scrape is older than this many scrape intervals is stale.
@@ -37,6 +38,8 @@ class WorkerPod:
     ip: str
     rooms: bool  # also read its rooms (pdworker prefill has an admin rooms API)
     engine: str | None = None  # picks the metrics adapter, so only that engine's series are kept
+    # Read from the pod's own command line (`rooms_wait_for_decode_kv`); see `PodView`.
+    rooms_wait_for_decode_kv: bool = True
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class Observation:
     sample: Sample | None = None
     rooms: tuple[RoomView, ...] | None = None
     error: str | None = None
+    refused: str = ""  # "too_large": the pod's answer was over the byte cap
 
 
 @dataclass
@@ -70,11 +74,22 @@ class DeploymentMemory:
     # plan counts them (cooldown, breaker) and the next write carries them.
     unrecorded: list[LedgerEntry] = field(default_factory=list)
     foreign: set[str] = field(default_factory=set)  # look-alike pods already reported
+    cycles: int = 0  # cycles run by this process: the first one also reconstructs the ledger
+    too_large: set[str] = field(default_factory=set)  # pods whose refused body was announced
 
 
 def _role(pod: Obj) -> str | None:
     role = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_ROLE)
     return role if isinstance(role, str) else None
+
+
+def rooms_wait_for_decode_kv(pod: Obj, engine: str | None, role: str) -> bool:
+    """Whether rooms may wait in this prefill's inflight queue for a decode to allocate KV,
+    from the pod's launch flags (`scrape.sglang_args`); True (the excuse stays) for anything
+    else: pdworker prefills are judged by their rooms API, not by this excuse."""
+    if engine == "sglang" and role == ROLE_PREFILL:
+        return sglang_args.rooms_wait_for_decode_kv(pod)
+    return True
 
 
 def scrape_targets(pods: Sequence[Obj], engine: str) -> list[WorkerPod]:
@@ -91,7 +106,7 @@ def scrape_targets(pods: Sequence[Obj], engine: str) -> list[WorkerPod]:
             WorkerPod(
                 name=str(meta["name"]), uid=str(meta["uid"]), role=str(role),
                 ip=str(st["podIP"]), rooms=(engine == "pdworker" and role == ROLE_PREFILL),
-                engine=engine,
+                engine=engine, rooms_wait_for_decode_kv=rooms_wait_for_decode_kv(pod, engine, role),
             )
         )  # fmt: skip
     return out
@@ -102,10 +117,11 @@ def observation(
     sample: Sample | None,
     rooms: Sequence[RoomView] | None,
     error: str | None,
+    refused: str = "",
 ) -> Observation:
     """One scrape result, cleaned: hostile strings and numbers never reach detection."""
     if sample is None:
-        return Observation(uid, error=sanitize.error(error) or "no sample")
+        return Observation(uid, error=sanitize.error(error) or "no sample", refused=refused)
     clean = None if rooms is None else tuple(sanitize.room(r) for r in rooms)
     return Observation(uid, sample=sample, rooms=clean)
 
@@ -179,6 +195,7 @@ def pod_views(
                 name=t.name, role=t.role, uid=t.uid, history=tuple(pm.samples),
                 rooms=rooms, recent_rooms=recent,
                 stale=is_stale(pm, mono, interval) or o is None, error=pm.last_error,
+                rooms_wait_for_decode_kv=t.rooms_wait_for_decode_kv,
             )
         )  # fmt: skip
     return views

@@ -286,6 +286,7 @@ def prefill_pp2_all_schedulers() -> str:
                     "sglang:num_transfer_failed_reqs": [({}, 1)],
                 },
                 "stages": {"prefill_transfer_kv_cache": [0.04] * 12},
+                "kv_latency_ms": [40.0] * 12,
             }
             procs.append((scheduler, (sched_labels("prefill", tp=tp, pp=pp), state)))
     tok = {"model_name": MODEL, "engine_type": "prefill"}

@@ -1,46 +1,53 @@
-"""The one repair call a stock SGLang prefill accepts: abort every request it holds.
+"""AbortRequests: the one repair call a stock SGLang prefill accepts, abort every request it holds.
 
-Why its own module: SGLang 0.5.23 has no API that lists rooms or request ids, and its prefill
-applies no timeout to rooms in the inflight queue (disaggregation/prefill.py), so a wedged room
-stays there for ever. What does free it is `POST /abort_request {"rid": "", "abort_all": true}`
-(entrypoints/http_server.py -> TokenizerManager.abort_request -> Scheduler.abort_request in
-managers/scheduler.py): the scheduler drops its waiting queue, calls the KV sender's `abort()`
-for every request in the bootstrap and inflight queues (disaggregation/common/conn.py marks the
-room Failed, a terminal status), finishes running requests with FINISH_ABORT, and the next
-inflight poll releases their KV. The endpoint answers 200 whatever it aborted, and SGLang's
-`sglang:num_aborted_requests_total` counts calls, not requests, so the cost is measured here:
-the prefill's queue gauges are read just before (every request they count is aborted) and just
-after the call. Every call is bounded (timeouts, body caps); nothing here decides whether to call.
+Why its own module: SGLang 0.5.23 applies no timeout to rooms in a prefill's inflight queue
+(disaggregation/prefill.py), so a wedged room stays there for ever. What does free it is
+`POST /abort_request {"rid": "", "abort_all": true}` (entrypoints/http_server.py:1721-1731 ->
+TokenizerManager.abort_request, managers/tokenizer_manager.py:2241-2265 -> Scheduler.abort_request,
+managers/scheduler.py:5675-5812): the scheduler drops its waiting queue, calls the KV sender's
+`abort()` for every request in the bootstrap and inflight queues (:5740-5758;
+disaggregation/common/conn.py marks the room Failed, a terminal status), finishes running
+requests with FINISH_ABORT (:5797-5812), and the next inflight poll releases their KV.
+
+Why abort_all, the widest call, is the narrowest an operator has in 0.5.23:
+* Per request: the only selector AbortReq carries is `rid` (managers/io_struct.py:2285-2296: rid,
+  abort_all, finished_reason, abort_message; no DP rank, no bootstrap room), matched as a prefix
+  of each queued request's rid (scheduler.py:5677, 5688, 5744, 5755, 5800). A rid is chosen by
+  whoever sent /generate (io_struct.py:180, GenerateReqInput.rid; the router) or drawn as a
+  uuid4 by SGLang (io_struct.py:385-387); pdwarden is not in the request path, and SGLang
+  publishes no rid: /metrics has none in any label (observability/metrics_collector.py),
+  /server_info's internal_states are config, memory and the PD role
+  (managers/scheduler_components/internal_state.py:45-63), and no route lists requests. An empty
+  rid without abort_all is ignored (tokenizer_manager.py:2242-2245), and a guessed prefix would
+  abort whatever it happens to match.
+* Per bootstrap room: rooms are chosen by the router too (io_struct.py:293,
+  GenerateReqInput.bootstrap_room), the prefill publishes none, and abort never matches on them.
+* Per DP rank: an AbortReq is a control message the DP controller sends to every DP rank
+  (managers/data_parallel_controller.py:274-278 via the dispatcher's fallback at :418).
+So the cost is measured and recorded instead. The endpoint answers 200 whatever it aborted, and
+SGLang's `sglang:num_aborted_requests_total` counts calls, not requests
+(tokenizer_manager.py:2261-2265), so the prefill's queue gauges are read just before the call
+(every request they count is aborted) and just after, through `scrape` (the one reader of
+/metrics: same caps, same rank rules); `scrape.abort_cost` turns them, with the finding's
+wedged count, into how many requests the call dropped and how many of those were healthy
+(the running gauge is not added: on a prefill it is the last batch, already inflight). Every call
+is bounded; nothing here decides whether to call.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
+
+from pdwarden.ports import WorkerApi
+from pdwarden.remediation.scrape.abort_cost import AbortCost, PrefillQueues, abort_all_cost
+from pdwarden.values import Sample, Target
 
 ABORT_PATH: Final = "/abort_request"
-METRICS_PATH: Final = "/metrics"
 DEFAULT_TIMEOUT: Final = 5.0
-MAX_METRICS_BODY: Final = 16 * 1024 * 1024
 MAX_ERROR_BODY: Final = 2048
-# SGLang 0.5.23 observability/metrics_collector.py: the queues of a prefill scheduler. Every
-# request they count is dropped by abort_all. The prealloc name is the pre-0.5 name of the
-# bootstrap queue.
-HELD_GAUGES: Final[Mapping[str, str]] = {
-    "sglang:num_running_reqs": "running",
-    "sglang:num_queue_reqs": "waiting",
-    "sglang:num_prefill_bootstrap_queue_reqs": "bootstrap",
-    "sglang:num_prefill_prealloc_queue_reqs": "bootstrap",
-    "sglang:num_prefill_inflight_queue_reqs": "inflight",
-}
-# Ranks that repeat the same scheduler's view (tensor/pipeline/expert parallel ranks all report
-# the same queues with --enable-metrics-for-all-schedulers); only dp_rank splits the requests.
-DUPLICATE_RANK_LABELS: Final = frozenset({"tp_rank", "pp_rank", "moe_ep_rank"})
 
 
 class AdminCallError(OSError):
@@ -48,139 +55,93 @@ class AdminCallError(OSError):
 
 
 @dataclass(frozen=True)
-class Held:
-    """Requests a prefill pod held at one moment, by SGLang queue; None = gauge not reported."""
-
-    running: float | None = None
-    waiting: float | None = None
-    bootstrap: float | None = None
-    inflight: float | None = None
-
-    @property
-    def total(self) -> int:
-        return int(sum(v or 0 for v in (self.running, self.waiting, self.bootstrap, self.inflight)))
-
-    def describe(self) -> str:
-        parts = [
-            f"{name} {value:g}" if value is not None else f"{name} unknown"
-            for name, value in (
-                ("running", self.running),
-                ("waiting", self.waiting),
-                ("bootstrap", self.bootstrap),
-                ("inflight", self.inflight),
-            )
-        ]
-        return ", ".join(parts)
-
-
-@dataclass(frozen=True)
 class AbortReport:
-    """What one abort_all did and what it cost."""
+    """What one abort_all did: the prefill's queue gauges just before and just after the call."""
 
-    before: Held | None
-    after: Held | None
+    before: PrefillQueues | None
+    after: PrefillQueues | None
     status: int
+
+    def cost(self, wedged: int) -> AbortCost:
+        """What the call dropped, and how many of those requests were healthy, given the
+        finding's count of `wedged` rooms."""
+        return abort_all_cost(self.before, wedged)
 
     @property
     def aborted(self) -> int:
         """Requests aborted: what the prefill held just before the call (0 if unreadable)."""
-        return self.before.total if self.before is not None else 0
+        return self.cost(0).aborted
 
-    def detail(self, where: str) -> str:
-        cost = (
-            f"aborted every request it held: {self.aborted} just before ({self.before.describe()})"
-            if self.before is not None
-            else "aborted every request it held (queue gauges unreadable, count unknown)"
-        )
+    def detail(self, where: str, wedged: int) -> str:
+        """For the ledger reason and the Event: the cost first (a long reason is cut at its
+        end), then the call."""
         after = (
             f"; inflight gauge right after: {self.after.inflight:g}"
             if self.after is not None and self.after.inflight is not None
             else ""
         )
         return (
-            f"POST {ABORT_PATH} abort_all=true on {where} (HTTP {self.status}): {cost}{after} "
+            f"{self.cost(wedged).describe(self.before or PrefillQueues())}; "
+            f"POST {ABORT_PATH} abort_all=true on {where} (HTTP {self.status}){after} "
             "(SGLang republishes idle gauges up to 30 s later)"
         )
 
 
 class PrefillAborter(Protocol):
-    """What the remediator needs from an SGLang prefill; tests pass an in-memory fake."""
+    """What the cycle needs from an SGLang prefill; tests pass an in-memory fake."""
 
-    async def abort_all(self, base_url: str, token: str | None = None) -> AbortReport: ...
+    async def abort_all(
+        self, target: Target, token: str | None = None, tenant: str = ""
+    ) -> AbortReport: ...
 
 
-def held_requests(text: str) -> Held:
-    """Requests per queue from an SGLang /metrics body.
-
-    Only the `priority=""` total of a queue counts (with priority scheduling each queue is also
-    written once per priority); ranks that repeat one scheduler's view count once; dp ranks add.
-    """
-    wanted = [line for line in text.splitlines() if line.startswith(tuple(HELD_GAUGES))]
-    by_queue: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
-    for family in text_string_to_metric_families("\n".join(wanted) + "\n"):
-        for s in family.samples:
-            queue = HELD_GAUGES.get(s.name)
-            if queue is None or s.labels.get("priority", "") != "":
-                continue
-            key = tuple(
-                sorted((k, v) for k, v in s.labels.items() if k not in DUPLICATE_RANK_LABELS)
-            )
-            seen = by_queue.setdefault(queue, {})
-            seen[key] = max(seen.get(key, 0.0), float(s.value))
-    return Held(**{q: sum(v.values()) for q, v in by_queue.items()})
+def held_requests(sample: Sample) -> PrefillQueues:
+    """Requests per queue from a scraped SGLang sample (ranks already combined by `scrape`:
+    dp ranks summed, TP/PP/EP copies counted once, the priority="" totals)."""
+    return PrefillQueues(
+        running=sample.running,
+        waiting=sample.waiting_queue,
+        bootstrap=sample.bootstrap_queue,
+        inflight=sample.inflight_queue,
+    )
 
 
 class SGLangAdmin:
-    """HTTP client for the abort call; a fresh session per call (repairs are rare)."""
+    """HTTP client for the abort call; the gauges around it are read through `metrics`."""
 
-    def __init__(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, metrics: WorkerApi, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.metrics = metrics
         self.timeout = aiohttp.ClientTimeout(total=timeout)
 
-    async def abort_all(self, base_url: str, token: str | None = None) -> AbortReport:
+    async def abort_all(
+        self, target: Target, token: str | None = None, tenant: str = ""
+    ) -> AbortReport:
         """`token`: SGLang's --admin-api-key, sent as a Bearer token (SGLang 0.5.23,
         srt/utils/auth.py: /abort_request is ADMIN_OPTIONAL, so it needs the key once the
         server has one); a PDRemediationPolicy reads it from spec.adminTokenSecretRef."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        url = target.base + ABORT_PATH
+        before = await self._held(target, tenant)
         async with aiohttp.ClientSession(timeout=self.timeout) as session:
-            before = await self._held(session, base_url)
             try:
                 async with session.post(
-                    base_url + ABORT_PATH, json={"rid": "", "abort_all": True}, headers=headers
+                    url, json={"rid": "", "abort_all": True}, headers=headers
                 ) as resp:
                     if resp.status != 200:
                         text = (await resp.content.read(MAX_ERROR_BODY)).decode(errors="replace")
                         raise AdminCallError(
-                            f"{base_url}{ABORT_PATH}: HTTP {resp.status}: {text.strip()}"
-                            + _auth_hint(resp.status)
+                            f"{url}: HTTP {resp.status}: {text.strip()}" + _auth_hint(resp.status)
                         )
                     status = resp.status
             except (aiohttp.ClientError, TimeoutError) as e:
-                raise AdminCallError(f"{base_url}{ABORT_PATH}: {type(e).__name__}: {e}") from None
-            after = await self._held(session, base_url)
+                raise AdminCallError(f"{url}: {type(e).__name__}: {e}") from None
+        after = await self._held(target, tenant)
         return AbortReport(before=before, after=after, status=status)
 
-    async def _held(self, session: aiohttp.ClientSession, base_url: str) -> Held | None:
+    async def _held(self, target: Target, tenant: str) -> PrefillQueues | None:
         """The queue gauges, or None if they cannot be read (the abort goes ahead anyway)."""
-        try:
-            async with session.get(base_url + METRICS_PATH) as resp:
-                body = await _read_capped(resp.content, MAX_METRICS_BODY)
-                if resp.status != 200 or body is None:
-                    return None
-            return await asyncio.to_thread(held_requests, body.decode("utf-8", errors="replace"))
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return None
-
-
-async def _read_capped(stream: aiohttp.StreamReader, cap: int) -> bytes | None:
-    """The whole body, or None if it is larger than `cap` bytes."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in stream.iter_chunked(64 * 1024):
-        size += len(chunk)
-        if size > cap:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
+        (result,) = await self.metrics.scrape([target], None, tenant)
+        return held_requests(result.sample) if result.sample is not None else None
 
 
 def _auth_hint(status: int) -> str:

@@ -10,11 +10,14 @@ functions over recorded data, unit-tested on sample series. The rules:
   pod restarted or vanished). Flagged at once: that peer will never answer.
 * InflightGaugeStuck: for engines without a rooms API (stock SGLang), the inflight queue did not
   drain for the whole window: it held rooms in every sample, not one room left it (no KV
-  transfer finished, none failed, no request finished), and no decode pod is busy with a
-  backlog of requests waiting for KV slots (the one legal reason for rooms to wait there). A
-  queue that is never empty under load is steady state, not a wedge: what matters is that it
-  stopped moving. Wedged rooms hidden among healthy traffic that keeps draining the queue
-  cannot be seen this way (no per-room ages); the rooms API rule above sees them.
+  transfer finished, none failed, no request finished), and, where the prefill's settings let
+  rooms into that queue before their decode allocated KV (`PodView.rooms_wait_for_decode_kv`),
+  no decode pod is busy with a backlog of requests waiting for KV slots (then the one legal
+  reason for rooms to wait there). A queue that is never empty under load is steady state, not
+  a wedge: what matters is that it stopped moving. Counters that a health-check probe moves
+  never count as drain (`scrape.engines`). Wedged rooms hidden among healthy traffic that
+  keeps draining the queue cannot be seen this way (no per-room ages); the rooms API rule
+  above sees them.
 * DecodeStalled: a decode pod held requests for the whole window while nothing showed progress:
   its per-step token counter flat (for engines without one, its throughput 0: with one, a
   throughput gauge is no evidence, since a hung scheduler freezes its gauges), no request
@@ -32,48 +35,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from pdwarden.constants import ROLE_DECODE, ROLE_PREFILL
-from pdwarden.remediation.scrape.samples import RoomView, Sample
+from pdwarden.remediation.detect.evidence import Finding, PodView
+from pdwarden.remediation.detect.evidence import moved as _moved
+from pdwarden.remediation.detect.evidence import window_of as _window
+from pdwarden.remediation.detect.pull import pull_findings
+from pdwarden.values import RoomView, Sample
 
-Reason = Literal["InflightStuck", "PeerIncarnationGone", "InflightGaugeStuck", "DecodeStalled"]
 INFLIGHT_PHASE = "inflight"
 FORWARD_PHASE = "forward"
 MAX_ROOMS_PER_FINDING = 256
 MAX_WORKING_PEERS = 256  # peers remembered per earlier rooms list (`working_rooms`)
-
-
-@dataclass(frozen=True)
-class PodView:
-    """Everything detection knows about one worker pod."""
-
-    name: str
-    role: str
-    uid: str
-    history: tuple[Sample, ...] = ()  # fresh samples, oldest first, newest last
-    rooms: tuple[RoomView, ...] | None = None  # pdworker prefill only
-    stale: bool = False
-    error: str | None = None
-    # pdworker prefill only: (sample time, `working_rooms`) of this and earlier scrapes, oldest
-    # first, so a decode that was waited on anywhere in the window is not judged on one list.
-    recent_rooms: tuple[tuple[float, tuple[RoomView, ...]], ...] = ()
-
-    @property
-    def latest(self) -> Sample | None:
-        return self.history[-1] if self.history else None
-
-
-@dataclass(frozen=True)
-class Finding:
-    pod: str
-    role: str
-    reason: Reason
-    rooms: tuple[int, ...] = ()
-    room_count: int = 0
-    oldest_seconds: float = 0.0
-    peer: str | None = None
-    evidence: str = ""
 
 
 @dataclass(frozen=True)
@@ -92,21 +65,6 @@ class Detection:
     def implicated_decodes(self) -> frozenset[str]:
         peers = {f.peer for f in self.findings if f.peer and f.reason == "InflightStuck"}
         return frozenset(peers) | self.stalled_decodes
-
-
-def _window(history: Sequence[Sample], seconds: float) -> Sequence[Sample] | None:
-    """The samples of the last `seconds`, or None if history does not yet span that long."""
-    if len(history) < 2 or history[-1].at - history[0].at < seconds:
-        return None
-    start = history[-1].at - seconds
-    first = max(i for i, s in enumerate(history) if s.at <= start)
-    return history[first:]
-
-
-def _moved(window: Sequence[Sample], name: str) -> bool:
-    """A counter changed inside the window (appeared, rose, or dropped: a reset by a new
-    process). Any movement is progress; a counter that was never reported did not move."""
-    return len({getattr(s, name) for s in window}) > 1
 
 
 def _progressed(window: Sequence[Sample], *counters: str) -> bool:
@@ -167,10 +125,14 @@ DRAIN_COUNTERS = ("kv_transfers", "failed", "completed")
 
 
 def inflight_not_draining(
-    history: Sequence[Sample], window_seconds: float, decodes: Sequence[PodView]
+    history: Sequence[Sample],
+    window_seconds: float,
+    decodes: Sequence[PodView],
+    waits_for_decode_kv: bool = True,
 ) -> str | None:
     """Evidence text if a prefill's inflight queue held rooms and none left it, for the window,
-    while no decode pod is busy with a backlog that those rooms could be waiting for."""
+    while no decode pod is busy with a backlog that those rooms could be waiting for (asked
+    only if `waits_for_decode_kv`: rooms can enter the queue before their decode allocated)."""
     window = _window(history, window_seconds)
     if window is None or not all(s.queue("inflight_queue") > 0 for s in window):
         return None
@@ -179,6 +141,13 @@ def inflight_not_draining(
     if any(_moved(window, c) for c in DRAIN_COUNTERS):
         return None  # rooms left the queue: busy, not wedged, however full it is
     start, end = window[0].at, window[-1].at
+    stuck = min(s.queue("inflight_queue") for s in window)
+    head = (
+        f"inflight queue held >= {stuck:g} rooms for {end - start:.0f}s and none left it "
+        f"(no KV transfer finished or failed)"
+    )
+    if not waits_for_decode_kv:
+        return f"{head}; rooms enter it only after their decode allocated KV"
     for d in decodes:
         if d.stale or not d.history or d.history[0].at > start:
             return None  # a decode we cannot see over the window may be the one they wait on
@@ -187,11 +156,7 @@ def inflight_not_draining(
             seen, "completed", "kv_transfers"
         ):
             return None  # a busy decode is short of KV slots: rooms wait for it legally
-    stuck = min(s.queue("inflight_queue") for s in window)
-    return (
-        f"inflight queue held >= {stuck:g} rooms for {end - start:.0f}s and none left it "
-        f"(no KV transfer finished or failed); no decode pod is busy with a backlog"
-    )
+    return f"{head}; no decode pod is busy with a backlog"
 
 
 def _prefill_findings(
@@ -203,7 +168,9 @@ def _prefill_findings(
     latest = pod.latest
     assert latest is not None
     if pod.rooms is None:
-        evidence = inflight_not_draining(pod.history, wedge_after, decodes)
+        evidence = inflight_not_draining(
+            pod.history, wedge_after, decodes, pod.rooms_wait_for_decode_kv
+        )
         if evidence is None:
             return []
         window = _window(pod.history, wedge_after) or pod.history
@@ -286,10 +253,9 @@ def _decodes_waiting_on_prefill(
     its latest rooms, and `recent_rooms` no older than the window.
 
     A prefill without a rooms API (SGLang) may be computing for anyone unless its metrics show
-    it idle over the window: its prompt-token counter flat and nothing running, waiting or
-    inflight (a wedged inflight queue is that prefill's finding, not the decode's). If
-    a prefill pod cannot tell (stale, or no such counter), every decode pod may be waiting on
-    it, so queued-but-idle decode pods are not judged stalled.
+    it idle over the window (`prefill_idle`; a wedged inflight queue is that prefill's finding,
+    not the decode's). If a prefill pod cannot tell (stale, or no such counter), every decode
+    pod may be waiting on it, so queued-but-idle decode pods are not judged stalled.
     """
     names: set[str] = set()
     for pod in pods:
@@ -298,17 +264,7 @@ def _decodes_waiting_on_prefill(
         if pod.stale or pod.latest is None:
             return EVERYONE
         if pod.rooms is None:
-            recent = [s for s in pod.history if s.at >= pod.history[-1].at - window_seconds]
-            idle = (
-                len(recent) >= 2
-                and all(s.prefill_tokens is not None for s in recent)
-                and not _moved(recent, "prefill_tokens")
-                and all(
-                    s.queue("running") + s.queue("waiting_queue") + s.queue("inflight_queue") == 0
-                    for s in recent
-                )
-            )
-            if not idle:
+            if not prefill_idle(pod.history, window_seconds):
                 return EVERYONE
             continue
         since = pod.latest.at - window_seconds
@@ -320,6 +276,29 @@ def _decodes_waiting_on_prefill(
             if r.peer_pod and _working(r, window_seconds)
         }
     return frozenset(names)
+
+
+# Counters that move when a prefill computes real work or finishes it.
+PREFILL_WORK_COUNTERS = ("prefill_tokens", *DRAIN_COUNTERS)
+
+
+def prefill_idle(history: Sequence[Sample], window_seconds: float) -> bool:
+    """A prefill without a rooms API did no work for anyone over the window: nothing running,
+    waiting or inflight at any scrape, and no counter of real work moved (at least one is
+    reported). SGLang's per-step prompt-token counter is not among them, a probe moves it
+    (`scrape.engines`); a prefill that computes shows it in its gauges: on a PD prefill
+    `num_running_reqs` is the batch in the forward pass, republished every batch."""
+    recent = [s for s in history if s.at >= history[-1].at - window_seconds]
+    if len(recent) < 2:
+        return False
+    if not any(all(getattr(s, c) is not None for s in recent) for c in PREFILL_WORK_COUNTERS):
+        return False  # the engine reports no work at all: we cannot tell
+    if any(_moved(recent, c) for c in PREFILL_WORK_COUNTERS):
+        return False
+    return all(
+        s.queue("running") + s.queue("waiting_queue") + s.queue("inflight_queue") == 0
+        for s in recent
+    )
 
 
 class _Everyone:
@@ -361,4 +340,10 @@ def detect(pods: Sequence[PodView], wedge_after: float) -> Detection:
                             room_count=int(_decode_work(pod.history[-1])),
                             evidence=evidence)
                 )  # fmt: skip
+    # -- hook: engines whose decode pulls KV (vLLM). A decode with a stuck read is not healthy.
+
+    pulled = pull_findings(pods, wedge_after)
+    findings += pulled
+    healthy -= {f.pod for f in pulled if f.reason == "KVReadStuck"}
+    # -- end hook
     return Detection(tuple(findings), unknown, frozenset(stalled), frozenset(healthy))

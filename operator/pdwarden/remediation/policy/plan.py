@@ -19,6 +19,17 @@ On stock SGLang (no rooms API, so findings carry no room ids) rung 1 is replaced
     older than restartAfterSeconds + wedgeAfterSeconds is a finished repair: a wedge after that
     starts the ladder again at 1a.
 
+On stock vLLM (the decode PULLS the KV; no rooms API; abort by request id only under
+--enable-scale-out, which pdwarden does not render) a decode's read stuck on a frozen prefill
+(KVReadStuck, detect/pull.py) has one repair vLLM supports:
+
+1v. RestartPrefill (opt-in, as for SGLang): delete the one prefill pod the finding names as its
+    peer (the only prefill not proven alive); never when it is stale, already restarting, or
+    another prefill is not ready; then nothing for restartAfterSeconds (or the cooldown, if
+    longer) while the new pod starts. Deleting the prefill ends the decode's read
+    (NIXL_ERR_REMOTE_DISCONNECT); with kv_load_failure_policy recompute the decode recomputes
+    the request instead of failing it. LeaseExpired and LateNotification are reported only.
+
 Safety envelope: mode Off/DryRun/Enforce; at most maxUnavailableDecode decode pods cordoned or
 not ready, and never the last ready one; a cooldown per pod; a circuit breaker on actions per
 hour; never an action on, or attributed to, a pod whose metrics are stale.
@@ -33,12 +44,14 @@ from datetime import datetime, timedelta
 
 from pdwarden.api import LedgerEntry, RemediationSpec
 from pdwarden.api.status import LedgerAction
-from pdwarden.remediation.detect.rules import Detection, Finding
+from pdwarden.remediation.detect.evidence import Finding
+from pdwarden.remediation.detect.rules import Detection
 
 ActionKind = LedgerAction  # the plan's actions are exactly what the ledger records
 HOUR = timedelta(hours=1)
 PREFILL_WEDGES = frozenset({"InflightStuck", "PeerIncarnationGone", "InflightGaugeStuck"})
 ENGINES_WITHOUT_ROOMS = frozenset({"sglang"})
+PULL_ENGINES = frozenset({"vllm"})  # the decode reads the KV from the prefill (detect/pull.py)
 
 
 @dataclass(frozen=True)
@@ -146,7 +159,11 @@ def _failed_rooms_for(
     history: Sequence[LedgerEntry], peer: str, since: datetime, dry_run: bool
 ) -> bool:
     return any(
-        e.action == "FailRooms" and e.peer == peer and e.time >= since and e.dry_run == dry_run
+        e.action == "FailRooms"
+        and e.peer == peer
+        and e.time >= since
+        and e.dry_run == dry_run
+        and e.outcome != "Pending"  # not known to have happened: no evidence against the peer
         for e in history
     )
 
@@ -214,6 +231,34 @@ def _prefill_rung(
     return "RestartPrefill", f"; still wedged {age:.0f}s after aborting its requests"
 
 
+def _stuck_read_rung(
+    spec: RemediationSpec,
+    f: Finding,
+    *,
+    history: Sequence[LedgerEntry],
+    now: datetime,
+    dry_run: bool,
+    prefills: Sequence[DecodePod],
+) -> str | None:
+    """Rung 1v for a vLLM decode's stuck read: None to restart its peer prefill now, else why
+    not ("" when the last restart is still taking effect: nothing to report)."""
+    peer = next((p for p in prefills if p.name == f.peer), None)
+    if peer is None:
+        return f"the read's prefill is not known ({len(f.suspects)} suspects)"
+    last = _last_action_on(history, peer.name, dry_run)
+    wait = max(spec.restart_after_seconds, spec.cooldown_seconds)
+    if last is not None and (now - last.time).total_seconds() < wait:
+        return ""  # the last action on it (a restart) is still taking effect
+    if peer.stale:
+        return "its metrics are stale"
+    if peer.terminating or not peer.ready:
+        return ""  # restarting already
+    busy = [p.name for p in prefills if p.name != peer.name and (p.terminating or not p.ready)]
+    if busy:
+        return f"prefill pod(s) {', '.join(busy)} not ready yet"
+    return None
+
+
 def plan(
     spec: RemediationSpec,
     detection: Detection,
@@ -253,6 +298,17 @@ def plan(
         last = _last_action_on(history, pod, dry_run)
         return last is not None and now - last.time < cooldown
 
+    # A pod with a Pending entry (a replica died while acting on it) gets nothing new until the
+    # entry is settled from what the pod shows: acting first would make the settling read our
+    # own action as the dead replica's, and count one action twice or lose one.
+    unsettled = {e.pod: e for e in history if e.outcome == "Pending" and e.dry_run == dry_run}
+
+    def settling(kind: str, pod: str) -> bool:
+        e = unsettled.get(pod)
+        if e is not None:
+            held.append(f"{kind} {pod}: waiting for the outcome of {e.action}, still Pending")
+        return e is not None
+
     def cordoned_since(d: DecodePod) -> datetime | None:
         return _virtual_cordon(history, d.name) if dry_run else d.cordoned_since
 
@@ -275,13 +331,37 @@ def plan(
     decided_since = now - timedelta(seconds=spec.wedge_after_seconds)
     prefill_acted: set[str] = set()
     for f in detection.findings:
+        if engine in PULL_ENGINES and f.reason == "KVReadStuck":
+            if f.peer is None or f.peer in prefill_acted:
+                continue
+            prefill_acted.add(f.peer)
+            why_not = _stuck_read_rung(
+                spec, f, history=history, now=now, dry_run=dry_run, prefills=prefills
+            )
+            if why_not == "" or settling("RestartPrefill", f.peer):
+                continue
+            if "RestartPrefill" not in allowed:
+                held.append(f"RestartPrefill on {f.peer}: not in spec.remediation.actions")
+            elif breaker_open():
+                held.append(
+                    f"RestartPrefill on {f.peer}: remediation suspended by the circuit breaker"
+                )
+            elif why_not is not None:
+                held.append(f"RestartPrefill on {f.peer}: {why_not}")
+            else:
+                uid = next((p.uid for p in prefills if p.name == f.peer), "")
+                actions.append(
+                    Action("RestartPrefill", f.peer,
+                           f"KVReadStuck on {f.pod}: {f.evidence}", uid=uid, peer=f.pod)
+                )  # fmt: skip
+            continue
         if engine in ENGINES_WITHOUT_ROOMS and f.reason in PREFILL_WEDGES and not f.rooms:
             if f.pod not in prefill_acted:
                 prefill_acted.add(f.pod)
                 step = _prefill_rung(
                     spec, f, history=history, now=now, dry_run=dry_run, prefills=prefills
                 )
-                if step is not None:
+                if step is not None and not settling(step[0], f.pod):
                     kind, why = step
                     if kind not in allowed:
                         held.append(f"{kind} on {f.pod}: not in spec.remediation.actions")
@@ -302,6 +382,8 @@ def plan(
             continue
         if dry_run and _decided_fail_rooms(history, f.pod, f.peer, decided_since):
             continue  # DryRun failed nothing: the same wedge is still there and was reported
+        if settling("FailRooms", f.pod):
+            continue
         if (
             f.peer
             and f.reason == "InflightStuck"
@@ -321,7 +403,7 @@ def plan(
     # 2-4. Decode pods: cordon, restart, uncordon.
     for name in sorted(by_name):
         d = by_name[name]
-        if d.stale or d.terminating:
+        if d.stale or d.terminating or (name in unsettled and settling("Acting on", name)):
             continue
         stalled = name in detection.stalled_decodes
         since = cordoned_since(d)

@@ -9,9 +9,10 @@ after a failover, or reconcile and remediation) from erasing each other's entrie
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from pdwarden.api import (
     CordonRecord,
@@ -27,16 +28,18 @@ from pdwarden.api.status import (
     MAX_CORDONED,
     MAX_HISTORY,
     MAX_MESSAGE,
+    MAX_PENDING_ROOMS,
     MAX_WEDGED_MESSAGE,
     MAX_WEDGES,
+    LedgerOutcome,
 )
 from pdwarden.conditions import phase_of, set_condition
 from pdwarden.constants import ANNOTATION_RESET_BREAKER
-from pdwarden.remediation.detect.rules import Detection, Finding
+from pdwarden.remediation.detect.evidence import Finding
+from pdwarden.remediation.detect.rules import Detection
 from pdwarden.remediation.policy.plan import Action, DecodePod, Plan, breaker
 from pdwarden.remediation.scrape import sanitize
 
-Outcome = Literal["Succeeded", "Failed", "Skipped"]
 SUSPENDED: Final = "RemediationSuspended"
 
 
@@ -60,22 +63,36 @@ def breaker_reset_at(
     return (previous.remediation or RemediationStatus()).breaker_reset_at
 
 
+def new_entry_id() -> str:
+    """A short random id; the Pending and completed forms of one entry share it."""
+    return secrets.token_hex(6)
+
+
 def ledger_entry(
     action: Action,
     *,
     now: datetime,
     dry_run: bool,
-    outcome: Outcome,
+    outcome: LedgerOutcome,
     detail: str = "",
     rooms: int | None = None,
+    entry_id: str | None = None,
 ) -> LedgerEntry:
-    """One ledger entry; every string is bounded and cleaned, so building it cannot fail."""
+    """One ledger entry; every string is bounded and cleaned, so building it cannot fail. A
+    Pending FailRooms carries its room ids (so a standby can complete it); no other entry does."""
     reason = action.reason + (f"; {detail}" if detail else "")
     count = action.room_count if rooms is None else rooms
+    room_ids = (
+        list(action.rooms[:MAX_PENDING_ROOMS])
+        if outcome == "Pending" and action.kind == "FailRooms"
+        else None
+    )
     return LedgerEntry(
-        time=now, action=action.kind, pod=sanitize.text(action.pod, sanitize.MAX_POD_NAME),
+        id=entry_id, time=now, action=action.kind,
+        pod=sanitize.text(action.pod, sanitize.MAX_POD_NAME),
         peer=sanitize.pod_name(action.peer), rooms=max(count, 0),
         reason=sanitize.text(reason, MAX_MESSAGE), dry_run=dry_run, outcome=outcome,
+        uid=sanitize.text(action.uid, 64) or None, room_ids=room_ids,
     )  # fmt: skip
 
 
@@ -170,32 +187,60 @@ def cycle_status(
     )
 
 
-# -- two writers, one ledger ---------------------------------------------------------------
-
-EntryKey = tuple[str, str, str, str, int, str, bool, str]
-
-
-def entry_key(e: LedgerEntry) -> EntryKey:
-    """An entry's identity is all of it: the same record seen twice (a write whose answer was
-    lost, then carried again) is one entry; two that differ in anything are two."""
-    return (
-        e.time.isoformat(),
-        e.action,
-        e.pod,
-        e.peer or "",
-        e.rooms,
-        e.reason,
-        e.dry_run,
-        e.outcome,
+def mode_off_status(
+    previous: PDDeploymentStatus, *, now: datetime, generation: int | None
+) -> PDDeploymentStatus:
+    """The status of a PDDeployment whose spec.remediation.mode is Off: RemediationSuspended
+    (reason ModeOff) and Wedged Unknown, since nothing is scraped; earlier wedges are dropped,
+    they are no longer watched. The ledger is kept: it is history."""
+    message = "spec.remediation.mode is Off: the workers are neither scraped nor acted on"
+    conditions = list(previous.conditions)
+    for type_, value in ((SUSPENDED, True), ("Wedged", None)):
+        conditions = set_condition(
+            conditions, type_, status=value, reason="ModeOff", message=message, now=now,  # type: ignore[arg-type]
+            generation=generation,
+        )  # fmt: skip
+    return previous.model_copy(
+        update={
+            "conditions": conditions,
+            "wedges": [],
+            "wedged_rooms": 0,
+            "phase": phase_of(conditions, invalid=previous.phase == "Failed"),
+        }
     )
 
 
+# -- two writers, one ledger ---------------------------------------------------------------
+
+EntryKey = tuple[str, ...]
+
+
+def entry_key(e: LedgerEntry) -> EntryKey:
+    """An entry's identity: its id (its Pending and completed forms are one entry); for entries
+    written before ids existed, all of it (the same record seen twice is one entry)."""
+    if e.id:
+        return ("id", e.id)
+    return (
+        e.time.isoformat(), e.action, e.pod, e.peer or "", str(e.rooms), e.reason,
+        str(e.dry_run), e.outcome,
+    )  # fmt: skip
+
+
+def supersedes(new: LedgerEntry, held: LedgerEntry) -> bool:
+    """A completed entry replaces its Pending form, never the other way round."""
+    return held.outcome == "Pending" and new.outcome != "Pending"
+
+
 def merge_history(*histories: Iterable[LedgerEntry]) -> list[LedgerEntry]:
-    """The union of ledgers (the first copy of an entry wins), oldest first, bounded."""
+    """The union of ledgers, oldest first, bounded: the first copy of an entry wins, except
+    that a completed entry replaces its Pending form wherever either came from."""
     seen: dict[EntryKey, LedgerEntry] = {}
     for history in histories:
         for e in history:
-            seen.setdefault(entry_key(e), e)
+            key = entry_key(e)
+            held = seen.get(key)
+            if held is None or supersedes(e, held):
+                seen[key] = e
     merged = sorted(seen.values(), key=lambda e: e.time)  # stable: equal times keep their order
     return merged[-MAX_HISTORY:]
 
@@ -203,9 +248,18 @@ def merge_history(*histories: Iterable[LedgerEntry]) -> list[LedgerEntry]:
 def missing_from(
     history: Sequence[LedgerEntry], entries: Iterable[LedgerEntry]
 ) -> list[LedgerEntry]:
-    """`entries` that `history` does not hold (yet)."""
-    have = {entry_key(e) for e in history}
-    return [e for e in entries if entry_key(e) not in have]
+    """`entries` that `history` does not hold (yet): absent, or held only as Pending."""
+    have = {entry_key(e): e for e in history}
+    out = []
+    for e in entries:
+        held = have.get(entry_key(e))
+        if held is None or supersedes(e, held):
+            out.append(e)
+    return out
+
+
+def pending(history: Sequence[LedgerEntry]) -> list[LedgerEntry]:
+    return [e for e in history if e.outcome == "Pending"]
 
 
 def _three_way(ours: Any, base: Any, theirs: Any) -> Any:

@@ -25,7 +25,7 @@ from pdwarden.constants import (
     ROLES,
     SHORT_NAME,
 )
-from pdwarden.remediation.detect.rules import Reason
+from pdwarden.remediation.detect.evidence import Reason
 
 WIDTH: Final = 100
 RECENT_ACTIONS: Final = 10

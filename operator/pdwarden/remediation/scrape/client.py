@@ -1,21 +1,22 @@
-"""Scrape every worker pod's /metrics (and pdworker prefill rooms) by pod IP, concurrently.
+"""Scrape every worker pod's /metrics (and pdworker prefill rooms) by pod IP: the operator's one
+reader of what engines serve.
 
-Why an adapter of its own: it is the operator's only network path to workers. Concurrency is
-bounded, every request has a deadline, and any failure (refused, timeout, garbage) becomes a
-per-pod error string, so one bad pod can neither stall a scrape cycle nor crash it. Bodies are
-read to EOF or to a cap (over it: an error naming the size, never a silently cut body) and
-parsed on a small thread pool with a deadline, never on the event loop that runs every other
-deployment's remediation: one hostile /metrics must not stall the operator (issue 13).
+Why an adapter of its own: it is the only code that reads a worker's /metrics (actions in `act/`
+ask it too), so every bound lives here once. Each tenant (one PDDeployment or
+PDRemediationPolicy, keyed by its uid) gets its own share: its own connection slots and one
+parse at a time, so a tenant whose pods answer slowly, endlessly or with costly bodies spends its
+own share and nobody else's (issue 26). Every scrape has one deadline that covers the wait for a
+slot, the request, the read and the parse together; the parse runs on the event loop in steps of
+a bounded number of lines (`samples.parse_steps`) and stops at the deadline, so a parse that
+misses it is cancelled, not left running. Bodies are read to EOF or to a cap (over it: an error
+naming the size, marked `refused="too_large"` so the owner object can say so).
 
-Threads, not processes: the parser's cost is linear and bounded by the cap (20-100 ms per MiB
-of the worst inputs measured on a 2-core box, against 0.4-1.7 s for prometheus-client's
-parser), so a parse thread holds the GIL only in short slices the event loop shares. Measured
-with 20 pods serving 1 MiB of the costliest valid input each, against 20 serving 1 MiB of
-benign SGLang output (tests/operator/test_scraping.py, load average ~20 on 2 cores): another
-deployment's cycle period was 0.8-1.2x the benign run's with the thread pool and 4.2-4.6x with
-this parser on the loop (prometheus-client's parser there made its scrapes time out). A
-process pool measured ~1.2x in an earlier setup: it would fork the multi-threaded operator and
-pickle every body across, for no gain that matters.
+Why steps on the loop rather than a thread pool: a parse thread competes for the same GIL as the
+loop and cannot be stopped, and a shared pool queues one tenant's parses behind another's. A
+step holds the loop for about `samples.STEP_SECONDS` (0.5 ms), and lines of names nobody reads
+are skipped by C-speed substring search (1-2 ms per MiB however the body is cut into lines,
+against 30-60 ms for the line-by-line parser of before; tests/operator/test_scrape_tenants.py
+holds the isolation).
 """
 
 from __future__ import annotations
@@ -23,34 +24,42 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Final, TypeVar
 
 import aiohttp
 
-from pdwarden.constants import WORKER_PORT
 from pdwarden.remediation.scrape.samples import (
     MAX_TEXT_BYTES,
-    RoomView,
-    Sample,
     ScrapeError,
-    parse_metrics,
+    Steps,
     parse_rooms,
+    parse_steps,
 )
-from pdworker.contract import ADMIN_ROOMS_FAIL_PATH, ADMIN_ROOMS_PATH, METRICS_PATH
+from pdwarden.values import RoomView, ScrapeResult, Target
+from pdworker.contract import ADMIN_ROOMS_PATH
 
-DEFAULT_CONCURRENCY = 64
-DEFAULT_TIMEOUT = 2.0
-DEFAULT_MAX_BODY = 1024 * 1024  # --max-metrics-bytes; SGLang's histogram-heavy exposition fits
-MAX_BODY_LIMIT = MAX_TEXT_BYTES  # the most the flag may allow
-DEFAULT_PARSE_DEADLINE = 1.0
-PARSE_THREADS = 2
-READ_CHUNK = 64 * 1024
-
+DEFAULT_TENANT_CONNECTIONS: Final = 16  # concurrent requests of one tenant's scrapes
+DEFAULT_TIMEOUT: Final = 2.0  # one scrape, all of it: slot wait, request, read, parse
+# --max-metrics-bytes. Sized from SGLang 0.5.23's own metric definitions
+# (tests/operator/test_metrics_cap.py renders the body a TP8/DP8 pod serves): ~1.6 MB with
+# every histogram, ~2.9 MB with 16 request priorities as well; 1 MiB refused even a TP8 pod.
+# Each of a tenant's connection slots may hold one body: DEFAULT_TENANT_CONNECTIONS x the cap
+# is one tenant's worst case (64 MiB).
+DEFAULT_MAX_BODY: Final = 4 * 1024 * 1024
+MAX_BODY_LIMIT: Final = MAX_TEXT_BYTES  # the most the flag may allow (16 MiB)
+READ_CHUNK: Final = 64 * 1024
+JSON_THREADS: Final = 2
+TOO_LARGE: Final = "too_large"
 
 T = TypeVar("T")
+
+
+class BodyTooLarge(ScrapeError):
+    """An answer over the byte cap: the pod cannot be judged until it serves less (or the
+    operator is given a larger --max-metrics-bytes)."""
 
 
 async def read_capped(resp: aiohttp.ClientResponse, url: str, cap: int) -> bytes:
@@ -60,7 +69,7 @@ async def read_capped(resp: aiohttp.ClientResponse, url: str, cap: int) -> bytes
     127,842 bytes, and a cut on a line boundary silently drops series.)
     """
     if resp.content_length is not None and resp.content_length > cap:
-        raise ScrapeError(
+        raise BodyTooLarge(
             f"{url}: answer of {resp.content_length} bytes is over the {cap}-byte cap"
         )
     chunks: list[bytes] = []
@@ -68,18 +77,13 @@ async def read_capped(resp: aiohttp.ClientResponse, url: str, cap: int) -> bytes
     async for chunk in resp.content.iter_chunked(READ_CHUNK):
         size += len(chunk)
         if size > cap:
-            raise ScrapeError(f"{url}: answer over the {cap}-byte cap (stopped at {size} bytes)")
+            raise BodyTooLarge(f"{url}: answer over the {cap}-byte cap (stopped at {size} bytes)")
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-def parse_body(body: bytes, at: float, engine: str | None) -> Sample:
-    """Decode and parse a /metrics body (runs on the parse pool)."""
-    return parse_metrics(body.decode("utf-8", errors="replace"), at, engine)
-
-
 def parse_rooms_body(body: bytes) -> tuple[RoomView, ...]:
-    """Decode and validate a GET /admin/rooms answer (runs on the parse pool)."""
+    """Decode and validate a GET /admin/rooms answer (runs on the JSON threads)."""
     try:
         data = json.loads(body)
     except RecursionError:
@@ -89,111 +93,116 @@ def parse_rooms_body(body: bytes) -> tuple[RoomView, ...]:
     return tuple(parse_rooms(data))
 
 
-@dataclass(frozen=True)
-class Target:
-    pod: str
-    uid: str
-    role: str
-    ip: str
-    port: int = WORKER_PORT
-    rooms: bool = False  # also read GET /admin/rooms (pdworker prefill)
-    engine: str | None = None  # picks the metrics adapter; None reads either engine's names
-    metrics_path: str = METRICS_PATH  # a PDRemediationPolicy names its own (spec.metrics)
-    scheme: str = "http"
-
-    @property
-    def base(self) -> str:
-        return f"{self.scheme}://{self.ip}:{self.port}"
+async def run_stepwise(steps: Steps[T]) -> T:
+    """Drive a stepwise parse, giving the event loop a turn between steps; a cancellation (the
+    scrape's deadline) stops it between two steps."""
+    try:
+        while True:
+            next(steps)
+            await asyncio.sleep(0)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    finally:
+        steps.close()
 
 
-@dataclass(frozen=True)
-class ScrapeResult:
-    target: Target
-    sample: Sample | None = None
-    rooms: tuple[RoomView, ...] | None = None
-    error: str | None = None
+@dataclass
+class Share:
+    """One tenant's part of the client: its connection slots and its parse lane."""
+
+    slots: asyncio.Semaphore
+    parsing: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
 
 
 class WorkerClient:
-    """HTTP to worker pods: metrics, rooms, and the admin call that fails rooms."""
+    """HTTP to worker pods: /metrics and the pdworker rooms list, per tenant."""
 
     def __init__(
         self,
-        concurrency: int = DEFAULT_CONCURRENCY,
+        connections_per_tenant: int = DEFAULT_TENANT_CONNECTIONS,
         timeout: float = DEFAULT_TIMEOUT,
         max_body: int = DEFAULT_MAX_BODY,
-        parse_deadline: float = DEFAULT_PARSE_DEADLINE,
     ) -> None:
         if not 0 < max_body <= MAX_BODY_LIMIT:
             raise ValueError(f"max_body must be between 1 and {MAX_BODY_LIMIT} bytes")
-        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        if connections_per_tenant < 1 or timeout <= 0:
+            raise ValueError("connections_per_tenant must be >= 1 and timeout > 0")
+        self.deadline = timeout
         self.max_body = max_body
-        self.parse_deadline = parse_deadline
-        self._limit = asyncio.Semaphore(concurrency)
+        self.connections_per_tenant = connections_per_tenant
+        self._shares: dict[str, Share] = {}
         self._session: aiohttp.ClientSession | None = None
-        # Its own pool: parsing never waits behind, nor starves, the loop's default executor.
-        self._parsers: ThreadPoolExecutor | None = None
+        self._json: ThreadPoolExecutor | None = None
+
+    def share(self, tenant: str) -> Share:
+        held = self._shares.get(tenant)
+        if held is None:
+            held = self._shares[tenant] = Share(asyncio.Semaphore(self.connections_per_tenant))
+        return held
+
+    def forget(self, tenant: str) -> None:
+        """The tenant is gone (its object was deleted): drop its share."""
+        self._shares.pop(tenant, None)
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
+            # The deadline is ours (asyncio.timeout around each scrape); the session's own
+            # total timeout is only a backstop for a request made outside one.
             self._session = aiohttp.ClientSession(
-                timeout=self.timeout, connector=aiohttp.TCPConnector(limit=0, force_close=False)
+                timeout=aiohttp.ClientTimeout(total=self.deadline),
+                connector=aiohttp.TCPConnector(limit=0, force_close=False),
             )
         return self._session
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
-        if self._parsers is not None:
-            self._parsers.shutdown(wait=False, cancel_futures=True)
-            self._parsers = None
+        if self._json is not None:
+            self._json.shutdown(wait=False, cancel_futures=True)
+            self._json = None
 
-    async def _get(self, url: str, token: str | None = None) -> bytes:
+    async def _get(self, share: Share, url: str, token: str | None = None) -> bytes:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        async with self._limit, self.session().get(url, headers=headers) as resp:
+        async with share.slots, self.session().get(url, headers=headers) as resp:
             if resp.status != 200:
                 raise ScrapeError(f"{url}: HTTP {resp.status}")
             return await read_capped(resp, url, self.max_body)
 
-    async def _off_loop(self, func: Callable[..., T], *args: Any) -> T:
+    async def _rooms(self, raw: bytes) -> tuple[RoomView, ...]:
+        if self._json is None:
+            self._json = ThreadPoolExecutor(JSON_THREADS, thread_name_prefix="pdwarden-json")
         loop = asyncio.get_running_loop()
-        if self._parsers is None:
-            self._parsers = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="pdwarden-parse")
-        try:
-            return await asyncio.wait_for(
-                loop.run_in_executor(self._parsers, func, *args), self.parse_deadline
-            )
-        except TimeoutError:
-            raise ScrapeError(f"parsing took longer than {self.parse_deadline:g}s") from None
+        return await loop.run_in_executor(self._json, parse_rooms_body, raw)
 
-    async def scrape_one(self, target: Target, token: str | None) -> ScrapeResult:
+    async def scrape_one(self, target: Target, token: str | None, tenant: str = "") -> ScrapeResult:
+        """One pod: its sample (and rooms), or an error string; never raises (but cancellation)."""
+        share = self.share(tenant)
         try:
-            body = await self._get(target.base + target.metrics_path)
-            sample = await self._off_loop(parse_body, body, time.monotonic(), target.engine)
-            rooms = None
-            if target.rooms:
-                raw = await self._get(target.base + ADMIN_ROOMS_PATH, token)
-                rooms = await self._off_loop(parse_rooms_body, raw)
+            async with asyncio.timeout(self.deadline):
+                body = await self._get(share, target.base + target.metrics_path)
+                text = body.decode("utf-8", errors="replace")
+                async with share.parsing:
+                    sample = await run_stepwise(parse_steps(text, time.monotonic(), target.engine))
+                rooms = None
+                if target.rooms:
+                    raw = await self._get(share, target.base + ADMIN_ROOMS_PATH, token)
+                    rooms = await self._rooms(raw)
             return ScrapeResult(target, sample, rooms)
+        except TimeoutError:
+            return ScrapeResult(
+                target,
+                error=f"no usable answer within the {self.deadline:g}s scrape deadline "
+                "(connection slot, request, read and parse together)",
+            )
+        except BodyTooLarge as e:
+            return ScrapeResult(target, error=str(e), refused=TOO_LARGE)
         except ScrapeError as e:
             return ScrapeResult(target, error=str(e))
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
+        except (aiohttp.ClientError, OSError, ValueError) as e:
             return ScrapeResult(target, error=f"{type(e).__name__}: {e}".strip(": "))
 
-    async def scrape(self, targets: Sequence[Target], token: str | None) -> list[ScrapeResult]:
-        return list(await asyncio.gather(*(self.scrape_one(t, token) for t in targets)))
-
-    async def fail_rooms(self, target: Target, rooms: Sequence[int], token: str | None) -> int:
-        """POST /admin/rooms/fail; returns how many rooms the worker reports it failed."""
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        url = target.base + ADMIN_ROOMS_FAIL_PATH
-        async with (
-            self._limit,
-            self.session().post(url, json={"rooms": list(rooms)}, headers=headers) as resp,
-        ):
-            if resp.status != 200:
-                text = (await resp.content.read(2048)).decode(errors="replace")
-                raise ScrapeError(f"{url}: HTTP {resp.status}: {text}")
-            data = await resp.json()
-        failed = data.get("failed") if isinstance(data, dict) else None
-        return len(failed) if isinstance(failed, list) else 0
+    async def scrape(
+        self, targets: Sequence[Target], token: str | None, tenant: str = ""
+    ) -> list[ScrapeResult]:
+        return list(await asyncio.gather(*(self.scrape_one(t, token, tenant) for t in targets)))

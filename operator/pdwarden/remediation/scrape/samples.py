@@ -14,22 +14,27 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
-from collections.abc import Iterable, Mapping
+import string
+import time
+from collections.abc import Generator, Iterable
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field, replace
-from typing import Any, Final
+from dataclasses import replace
+from typing import Any, Final, TypeVar, cast
 
 from pdwarden.remediation.scrape import engines as engine_metrics
+from pdwarden.values import RoomView, Sample
 from pdworker import contract as pdw
 
 QUEUE_FIELDS: Final = ("bootstrap_queue", "inflight_queue", "prealloc_queue", "transfer_queue")
-MAX_TEXT_BYTES: Final = 4 * 1024 * 1024
+MAX_TEXT_BYTES: Final = 16 * 1024 * 1024  # the hard maximum of `--max-metrics-bytes`
 MAX_LINE_CHARS: Final = 4096  # of a line the parser keeps
 MAX_LABEL_VALUE_CHARS: Final = 512
 MAX_LABELS: Final = 32  # per series
 MAX_SERIES: Final = 8192  # kept lines per body
+# A parse gives the event loop a turn after this much work (checked every few kept lines): a
+# body of many costly lines is cut in slices this long, a benign one is parsed in one go.
+STEP_SECONDS: Final = 0.0005
 
-_NAME: Final = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 # One `name="value"` pair and what follows it; the value pattern is the unrolled loop of
 # `([^"\\]|\\.)*`, which never backtracks.
 _LABEL: Final = re.compile(
@@ -42,49 +47,25 @@ class ScrapeError(ValueError):
     """A pod's /metrics answer could not be used (garbage, truncated, or none of our metrics)."""
 
 
-@dataclass(frozen=True)
-class Sample:
-    """A worker's queue state at one moment. None = the engine does not report that metric.
-
-    Counters (`engine_metrics.COUNTER_FIELDS`) are compared between samples: any change is
-    movement. `generated_tokens` is only ever fed by a counter that moves on every decode step.
-    """
-
-    at: float
-    bootstrap_queue: float | None = None
-    inflight_queue: float | None = None
-    inflight_oldest_seconds: float | None = None
-    prealloc_queue: float | None = None
-    transfer_queue: float | None = None
-    running: float | None = None
-    generated_tokens: float | None = None
-    throughput: float | None = None
-    completed: float | None = None
-    failed: float | None = None
-    incarnation: str | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    waiting_queue: float | None = None  # requests waiting for a forward pass
-    prefill_tokens: float | None = None  # prompt tokens computed (moves per prefill step)
-    kv_transfers: float | None = None  # rooms whose KV transfer finished (sent or received)
-
-    def queue(self, name: str) -> float:
-        value = getattr(self, name)
-        return float(value) if value is not None else 0.0
-
-
 def parse_metrics(text: str, at: float, engine: str | None = None) -> Sample:
     """Map a /metrics body onto a Sample; raise ScrapeError if it is not usable.
 
     `engine` picks the adapter (None: both, for callers that do not know; each body carries
     one engine's names). Only series the adapter names are parsed at all.
     """
+    return run_steps(parse_steps(text, at, engine))
+
+
+def parse_steps(text: str, at: float, engine: str | None = None) -> Steps[Sample]:
+    """`parse_metrics` in steps: it yields after about STEP_SECONDS of work, so a caller on an
+    event loop can give other work a turn, or stop (cancel) a parse between two steps."""
     if len(text) > MAX_TEXT_BYTES:
         raise ScrapeError(f"metrics body too large ({len(text)} bytes)")
     if text and not text.endswith("\n"):
         raise ScrapeError("metrics body does not end with a newline (cut short?)")
     adapter = engine_metrics.engine(engine)
     by_name = adapter.by_name()
-    found = read_series(text, adapter.names() | {pdw.INCARNATION_INFO})
+    found = yield from series_steps(text, adapter.names() | {pdw.INCARNATION_INFO})
     incarnation: str | None = None
     for labels, value in found.pop(pdw.INCARNATION_INFO, []):
         if value == 1:
@@ -101,34 +82,91 @@ def parse_metrics(text: str, at: float, engine: str | None = None) -> Sample:
             if v is not None:
                 values[series.target] = values.get(series.target, 0.0) + v
     if not values and incarnation is None:
-        raise ScrapeError("no pdworker or SGLang queue metrics in the answer")
+        raise ScrapeError("no pdworker, SGLang or vLLM queue metrics in the answer")
     return replace(Sample(at=at, incarnation=incarnation), **values)
 
 
-def read_series(
-    text: str, names: AbstractSet[str]
-) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """The samples of the named series, by name; every other line is skipped by its name alone.
+T = TypeVar("T")
+Steps = Generator[None, None, T]
+Found = dict[str, list[tuple[dict[str, str], float]]]
 
-    Cost is linear in len(text): a line is looked at past its name only if the name is wanted,
-    and then it is bounded (MAX_LINE_CHARS, MAX_LABEL_VALUE_CHARS, MAX_LABELS, MAX_SERIES).
-    """
-    found: dict[str, list[tuple[dict[str, str], float]]] = {}
-    kept = 0
-    for number, line in enumerate(text.split("\n"), 1):
-        if not line or line[0] == "#":
-            continue
-        m = _NAME.match(line)
-        if m is None or m.group() not in names:
-            continue
-        name = m.group()
-        kept += 1
-        if kept > MAX_SERIES:
-            raise ScrapeError(f"more than {MAX_SERIES} series of the names we read")
-        if len(line) > MAX_LINE_CHARS:
-            raise ScrapeError(f"line {number} ({name}) longer than {MAX_LINE_CHARS} characters")
-        found.setdefault(name, []).append(_sample_line(line, m.end(), number))
+
+def run_steps(steps: Steps[T]) -> T:
+    """Drive a stepwise parse to its end in one go (tests, small inputs)."""
+    try:
+        while True:
+            next(steps)
+    except StopIteration as done:
+        return cast(T, done.value)
+
+
+# Characters of a metric name: a wanted name at a line start followed by none of these is that
+# whole name (a sample line of it, or a malformed one), not the prefix of another name.
+_NAME_CHARS: Final = frozenset(string.ascii_letters + string.digits + "_:")
+
+
+def line_starts(text: str, names: AbstractSet[str]) -> list[tuple[int, str]]:
+    """Where lines of the wanted names start, in text order, found by C-speed substring search
+    (such a line is a newline followed by the name): one pass per wanted name, whatever the
+    body's line structure, and lines of other names are never visited."""
+    found: list[tuple[int, str]] = []
+    for name in names:
+        needle = "\n" + name
+        start = 0 if text.startswith(name) else _next_line(text, needle, 0)
+        while start >= 0:
+            end = start + len(name)
+            if end == len(text) or text[end] not in _NAME_CHARS:
+                found.append((start, name))
+                if len(found) > MAX_SERIES:
+                    raise ScrapeError(f"more than {MAX_SERIES} series of the names we read")
+            start = _next_line(text, needle, end)
+    found.sort()
     return found
+
+
+def _next_line(text: str, needle: str, pos: int) -> int:
+    at = text.find(needle, pos)
+    return at + 1 if at >= 0 else -1
+
+
+def read_series(text: str, names: AbstractSet[str]) -> Found:
+    """The samples of the named series, by name; every other line is skipped unread."""
+    return run_steps(series_steps(text, names))
+
+
+def series_steps(text: str, names: AbstractSet[str]) -> Steps[Found]:
+    """`read_series` in steps of about STEP_SECONDS each.
+
+    Lines of names nobody reads are never visited by Python code (`line_starts`). Each kept
+    line is bounded (MAX_LINE_CHARS, MAX_LABEL_VALUE_CHARS, MAX_LABELS) and so is their number
+    (MAX_SERIES), so a step overruns STEP_SECONDS by at most a few bounded lines.
+    """
+    found: Found = {}
+    step_ends = time.perf_counter() + STEP_SECONDS
+    for kept, (start, name) in enumerate(line_starts(text, names), 1):
+        end = text.find("\n", start)
+        line = text[start : end if end >= 0 else len(text)]
+        if len(line) > MAX_LINE_CHARS:
+            raise ScrapeError(
+                f"line {_line_number(text, start)} ({name}) longer than {MAX_LINE_CHARS} characters"
+            )
+        try:
+            found.setdefault(name, []).append(_sample_line(line, len(name)))
+        except _BadLine as e:
+            raise ScrapeError(f"line {_line_number(text, start)}: {e}") from None
+        if kept % 8 == 0 and time.perf_counter() >= step_ends:
+            yield
+            step_ends = time.perf_counter() + STEP_SECONDS
+    return found
+
+
+def _line_number(text: str, pos: int) -> int:
+    """Counted only when a line is reported (an error), never per line."""
+    return text.count("\n", 0, pos) + 1
+
+
+class _BadLine(ValueError):
+    """One kept line is malformed (the caller names its line number)."""
 
 
 def _unescape(raw: str) -> str:
@@ -136,7 +174,7 @@ def _unescape(raw: str) -> str:
     return "\\".join(p.replace('\\"', '"').replace("\\n", "\n") for p in raw.split("\\\\"))
 
 
-def _sample_line(line: str, pos: int, number: int) -> tuple[dict[str, str], float]:
+def _sample_line(line: str, pos: int) -> tuple[dict[str, str], float]:
     """Labels and value of one `name{labels} value [timestamp]` line, in linear time."""
     labels: dict[str, str] = {}
     if pos < len(line) and line[pos] == "{":
@@ -147,10 +185,10 @@ def _sample_line(line: str, pos: int, number: int) -> tuple[dict[str, str], floa
             while True:
                 m = _LABEL.match(line, pos)
                 if m is None:
-                    raise ScrapeError(f"line {number}: malformed labels")
+                    raise _BadLine("malformed labels")
                 key, raw, end = m.groups()
                 if len(raw) > MAX_LABEL_VALUE_CHARS or len(labels) >= MAX_LABELS:
-                    raise ScrapeError(f"line {number}: label value or label count over limit")
+                    raise _BadLine("label value or label count over limit")
                 labels[key] = _unescape(raw) if "\\" in raw else raw
                 pos = m.end()
                 if end == "}":
@@ -161,41 +199,29 @@ def _sample_line(line: str, pos: int, number: int) -> tuple[dict[str, str], floa
                     break
     rest = line[pos:].split()
     if not rest or len(rest) > 2 or (line[pos : pos + 1] not in (" ", "\t")):
-        raise ScrapeError(f"line {number}: expected a value after the series name")
+        raise _BadLine("expected a value after the series name")
     try:
         return labels, float(rest[0])
     except ValueError:
-        raise ScrapeError(f"line {number}: value {rest[0][:32]!r} is not a number") from None
-
-
-@dataclass(frozen=True)
-class RoomView:
-    """One live room as a pdworker prefill's admin API reports it."""
-
-    room: int
-    phase: str
-    phase_seconds: float
-    peer_pod: str | None  # the peer's own word until the shell attributes it by verified IP
-    peer_incarnation: str | None
-    peer_ip: str | None = None  # the address the prefill verified the peer's handshake from
+        raise _BadLine(f"value {rest[0][:32]!r} is not a number") from None
 
 
 def parse_rooms(data: Any) -> list[RoomView]:
     """Validate GET /admin/rooms; raise ScrapeError for anything malformed."""
-    items = data.get("rooms") if isinstance(data, dict) else data
+    items = data.get(pdw.ROOMS_KEY) if isinstance(data, dict) else data
     if not isinstance(items, list):
         raise ScrapeError("admin rooms answer is not a list")
     rooms = []
     try:
         for item in items:
-            peer = item.get("peer") or {}
+            peer = item.get(pdw.ROOM_PEER) or {}
             rooms.append(
                 RoomView(
-                    room=_room_id(item["room"]),
-                    phase=str(item["phase"]),
-                    phase_seconds=float(item["phase_seconds"]),
+                    room=_room_id(item[pdw.ROOM_ID]),
+                    phase=str(item[pdw.ROOM_PHASE]),
+                    phase_seconds=float(item[pdw.ROOM_PHASE_SECONDS]),
                     peer_pod=_optional_str(peer.get(pdw.ROOM_PEER_POD_HINT)),
-                    peer_incarnation=_optional_str(peer.get("incarnation")),
+                    peer_incarnation=_optional_str(peer.get(pdw.ROOM_PEER_INCARNATION)),
                     peer_ip=_ip_literal(peer.get(pdw.ROOM_PEER_VERIFIED_IP)),
                 )
             )

@@ -13,7 +13,7 @@ import re
 from dataclasses import replace
 from typing import Final
 
-from pdwarden.remediation.scrape.samples import RoomView
+from pdwarden.values import RoomView
 
 MAX_POD_NAME: Final = 253  # a DNS-1123 subdomain, as Kubernetes allows for pod names
 MAX_TOKEN: Final = 128  # incarnations, phases: short opaque words
@@ -65,3 +65,8 @@ def room(view: RoomView) -> RoomView:
 
 def error(value: str | None) -> str | None:
     return None if value is None else text(value, MAX_ERROR)
+
+
+def why(e: BaseException) -> str:
+    """An exception as one bounded line for a ledger entry, a condition or a log."""
+    return text(str(e) or type(e).__name__, MAX_ERROR)

@@ -1,0 +1,131 @@
+"""Wedge rules for engines whose decode PULLS the KV from a prefill (vLLM's NixlConnector).
+
+Why separate from rules.py: with pdworker and SGLang the prefill pushes KV and its inflight
+queue shows a wedge; with vLLM 0.32 the decode posts a NIXL READ and the prefill only holds the
+blocks under a lease, so the evidence sits elsewhere and no metric names the peer. Each rule
+below cites the vLLM source that makes its signal trustworthy. Checked on real vLLM servers
+(tests/remediation/data/vllm_*.prom and the healthy-load series recorded beside them).
+
+* KVReadStuck (decode): reads the decode posted stayed in flight (`reading_queue`, vLLM
+  `num_requests_kv_fetch_by_stage{stage="in_progress"}`) in every sample of the window while
+  not one read finished or failed (`kv_transfers` = `nixl_xfer_time_seconds_count`, observed per
+  finished read, nixl/base_worker.py:3086; `failed` = nixl failure counters). vLLM has no deadline
+  on such a read (base_worker.py:3064 `_pop_done_transfers` waits for NIXL forever); under healthy
+  load reads finish within milliseconds, so the counter moves whenever the gauge is non-zero.
+  The decode's own metrics cannot tell a frozen prefill from a decode frozen mid-read (its
+  gauges freeze in both; no engine series moves while it waits: measured), so the finding names
+  SUSPECTS: every prefill pod whose per-step prompt-token counter did not move in the window (a
+  live engine under load moves it every step, loggers.py:1262; a frozen one cannot). The repair
+  confirms with a canary before restarting anyone.
+* LeaseExpired (prefill): blocks a prefill held for a decode were freed because no decode read
+  them within `kv_lease_duration` (30 s default, nixl/base_scheduler.py:82; counted at
+  nixl/pull_worker.py:158). A decode frozen behind its live API server shows nothing on its own
+  metrics (requests never reach its scheduler: measured running = waiting = 0), so this is the
+  only trace. A client that aborts between the two legs expires a lease too, so the finding is
+  a suspicion: SUSPECTS are the decode pods whose per-step token counter did not move in the
+  window, for a canary to confirm.
+* LateNotification (prefill): a decode finished reading blocks the prefill had already freed
+  (nixl/pull_worker.py:666 `record_notification_after_expiry`): the decode may have served KV
+  the prefill reused. Nothing to repair any more; it is reported (Event, alert). vLLM counts it
+  at the prefill's next step, so it can appear long after the read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pdwarden.constants import ROLE_DECODE, ROLE_PREFILL
+from pdwarden.remediation.detect.evidence import Finding, PodView, moved, window_of
+
+
+def _not_proven_alive(pods: Sequence[PodView], role: str, counter: str, since: float) -> list[str]:
+    """Pods of `role` whose per-step `counter` did not move since `since` (or cannot say)."""
+    out = []
+    for p in pods:
+        if p.role != role:
+            continue
+        recent = [s for s in p.history if s.at >= since]
+        if p.stale or len(recent) < 2 or not moved(recent, counter):
+            out.append(p.name)
+    return sorted(out)
+
+
+def kv_read_stuck(pod: PodView, pods: Sequence[PodView], window_seconds: float) -> Finding | None:
+    window = window_of(pod.history, window_seconds)
+    if window is None or any(s.reading_queue is None for s in window):
+        return None
+    if not all((s.reading_queue or 0) > 0 for s in window):
+        return None
+    if moved(window, "kv_transfers") or moved(window, "failed"):
+        return None
+    first, last = window[0], window[-1]
+    suspects = _not_proven_alive(pods, ROLE_PREFILL, "prefill_tokens", first.at)
+    peer = suspects[0] if len(suspects) == 1 else None
+    return Finding(
+        pod=pod.name, role=ROLE_DECODE, reason="KVReadStuck",
+        room_count=int(min(s.reading_queue or 0 for s in window)),
+        oldest_seconds=last.at - first.at, peer=peer, suspects=tuple(suspects),
+        evidence=(
+            f"{min(s.reading_queue or 0 for s in window):g} KV reads in flight for "
+            f"{last.at - first.at:.0f}s and none finished or failed (transfers flat at "
+            f"{last.kv_transfers or 0:g}); prefill pods not proven alive: "
+            f"{', '.join(suspects) or 'none'}"
+        ),
+    )  # fmt: skip
+
+
+def _rose(pod: PodView, field: str, window_seconds: float) -> tuple[float, float] | None:
+    """(risen by, now) when the counter rose inside the window; None otherwise."""
+    recent = [s for s in pod.history if s.at >= pod.history[-1].at - window_seconds]
+    values = [getattr(s, field) for s in recent if getattr(s, field) is not None]
+    if len(values) < 2 or values[-1] <= values[0]:
+        return None
+    return values[-1] - values[0], values[-1]
+
+
+def prefill_lease_findings(
+    pod: PodView, pods: Sequence[PodView], window_seconds: float
+) -> list[Finding]:
+    out: list[Finding] = []
+    expired = _rose(pod, "kv_expired", window_seconds)
+    if expired is not None:
+        since = pod.history[-1].at - window_seconds
+        suspects = _not_proven_alive(pods, ROLE_DECODE, "generated_tokens", since)
+        out.append(
+            Finding(
+                # Not wedged rooms (vLLM already freed those blocks): the count is in evidence.
+                pod=pod.name, role=ROLE_PREFILL, reason="LeaseExpired", suspects=tuple(suspects),
+                peer=suspects[0] if len(suspects) == 1 else None,
+                evidence=(
+                    f"{expired[0]:g} requests' KV freed unread after their lease in the last "
+                    f"{window_seconds:g}s ({expired[1]:g} in all); decode pods not proven "
+                    f"alive: {', '.join(suspects) or 'none'}"
+                ),
+            )
+        )  # fmt: skip
+    late = _rose(pod, "late_notifications", window_seconds)
+    if late is not None:
+        out.append(
+            Finding(
+                pod=pod.name, role=ROLE_PREFILL, reason="LateNotification",
+                evidence=(
+                    f"{late[0]:g} decode reads finished after their KV lease expired "
+                    f"({late[1]:g} in all): a decode may have served KV this prefill had freed"
+                ),
+            )
+        )  # fmt: skip
+    return out
+
+
+def pull_findings(pods: Sequence[PodView], window_seconds: float) -> list[Finding]:
+    """Every pull-transfer finding over fresh pods (others are unknown, judged nowhere)."""
+    out: list[Finding] = []
+    for pod in pods:
+        if pod.stale or pod.latest is None:
+            continue
+        if pod.role == ROLE_DECODE:
+            stuck = kv_read_stuck(pod, pods, window_seconds)
+            out += [stuck] if stuck else []
+        elif pod.role == ROLE_PREFILL:
+            out += prefill_lease_findings(pod, pods, window_seconds)
+    return out

@@ -1,0 +1,119 @@
+"""The plain values the operator's seams carry, at the bottom of the house.
+
+Why here: `ports` (the Protocols every shell depends on) speaks these types, and the adapters that
+produce them (`remediation.scrape`, `k8s.foreign`) sit above it. Defining them below both keeps
+every import pointing down: a port never imports the stage that implements it. Nothing here does
+I/O or knows an engine; `remediation.scrape.samples` builds Samples, `k8s.foreign` builds
+EvictionOutcomes, `remediation.act` builds LabelPatches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pdwarden.constants import WORKER_PORT
+from pdworker.contract import METRICS_PATH
+
+
+@dataclass(frozen=True)
+class Target:
+    """One pod to scrape or act on over HTTP: where it listens and what to read from it."""
+
+    pod: str
+    uid: str
+    role: str
+    ip: str
+    port: int = WORKER_PORT
+    rooms: bool = False  # also read GET /admin/rooms (pdworker prefill)
+    engine: str | None = None  # picks the metrics adapter; None reads either engine's names
+    metrics_path: str = METRICS_PATH  # a PDRemediationPolicy names its own (spec.metrics)
+    scheme: str = "http"
+
+    @property
+    def base(self) -> str:
+        return f"{self.scheme}://{self.ip}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A worker's queue state at one moment. None = the engine does not report that metric.
+
+    Counters (`scrape.engines.COUNTER_FIELDS`) are compared between samples: any change is
+    movement. `generated_tokens` is only ever fed by a counter that moves on every decode step.
+    """
+
+    at: float
+    bootstrap_queue: float | None = None
+    inflight_queue: float | None = None
+    inflight_oldest_seconds: float | None = None
+    prealloc_queue: float | None = None
+    transfer_queue: float | None = None
+    running: float | None = None
+    generated_tokens: float | None = None
+    throughput: float | None = None
+    completed: float | None = None
+    failed: float | None = None
+    incarnation: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    waiting_queue: float | None = None  # requests waiting for a forward pass
+    prefill_tokens: float | None = None  # prompt tokens computed (moves per prefill step)
+    kv_transfers: float | None = None  # rooms whose KV transfer finished (sent or received)
+    # Engines whose decode pulls KV (vLLM): reads this decode posted and waits on the prefill for.
+    reading_queue: float | None = None
+    # vLLM prefill (scrape.engines.VLLM): requests whose blocks' lease expired before a decode
+    # read them, and read-done notifications that came after such an expiry (possible corrupted KV).
+    kv_expired: float | None = None
+    late_notifications: float | None = None
+
+    def queue(self, name: str) -> float:
+        value = getattr(self, name)
+        return float(value) if value is not None else 0.0
+
+
+@dataclass(frozen=True)
+class RoomView:
+    """One live room as a pdworker prefill's admin API reports it."""
+
+    room: int
+    phase: str
+    phase_seconds: float
+    peer_pod: str | None  # the peer's own word until the shell attributes it by verified IP
+    peer_incarnation: str | None
+    peer_ip: str | None = None  # the address the prefill verified the peer's handshake from
+
+
+@dataclass(frozen=True)
+class ScrapeResult:
+    """What one scrape of one pod returned: a sample (and rooms), or why not."""
+
+    target: Target
+    sample: Sample | None = None
+    rooms: tuple[RoomView, ...] | None = None
+    error: str | None = None
+    # Why the body was refused, when it was: "too_large" (over the byte cap: the pod is not
+    # judged, and the owner object says so) or "" for every other error.
+    refused: str = ""
+
+
+@dataclass(frozen=True)
+class LabelPatch:
+    """Set one label on one pod incarnation (guarded by uid and resourceVersion)."""
+
+    pod: str
+    uid: str
+    resource_version: str
+    key: str
+    value: str
+
+
+EvictionResult = Literal["Evicted", "HeldBack", "Gone", "Failed"]
+
+
+@dataclass(frozen=True)
+class EvictionOutcome:
+    """How the Eviction API answered: evicted, held back by a PodDisruptionBudget, gone."""
+
+    result: EvictionResult
+    reason: str
