@@ -32,7 +32,7 @@ class BadPolicy:
 
 BAD_POLICIES: list[BadPolicy] = [
     BadPolicy("engine-missing", {"engine": DELETE}, "spec.engine"),
-    BadPolicy("engine-unknown", {"engine": "vllm"}, "spec.engine"),
+    BadPolicy("engine-unknown", {"engine": "tensorrt-llm"}, "spec.engine"),
     BadPolicy("prefill-selector-missing", {"prefillSelector": DELETE}, "spec.prefillSelector"),
     BadPolicy("decode-selector-empty", {"decodeSelector": {"matchLabels": DELETE}},
               "spec.decodeSelector"),
@@ -68,6 +68,9 @@ BAD_POLICIES: list[BadPolicy] = [
     BadPolicy("port-string", {"metrics": {"port": "30000"}}, "spec.metrics.port"),
     BadPolicy("path-relative", {"metrics": {"path": "metrics"}}, "spec.metrics.path"),
     BadPolicy("scheme-unknown", {"metrics": {"scheme": "grpc"}}, "spec.metrics.scheme"),
+    BadPolicy("restart-prefill-without-abort",
+              {"remediation": {"actions": ["CordonDecode", "RestartPrefill"]}},
+              "spec.remediation.actions"),
     BadPolicy("mode-unknown", {"remediation": {"mode": "Auto"}}, "spec.remediation.mode"),
     BadPolicy("restart-without-cordon",
               {"remediation": {"actions": ["FailRooms", "RestartDecode"]}},

@@ -9,8 +9,10 @@ from hypothesis import strategies as st
 from pdwarden.api import InvalidSpec, RemediationSpec, parse_spec
 from pdwarden.api.base import ApiModel
 from pdwarden.api.crd import build_crd, build_policy_crd
+from pdwarden.api.parse import parse_policy_spec
 
 from .cases import BAD_SPECS, BASE_SPEC, Bad, merged
+from .policy_cases import BASE_POLICY
 
 
 def test_base_spec_is_valid() -> None:
@@ -22,6 +24,20 @@ def test_bad_spec_is_refused_naming_the_field(case: Bad) -> None:
     with pytest.raises(InvalidSpec) as refused:
         parse_spec(case.spec)
     assert any(p.startswith(case.field) for p in refused.value.problems), refused.value.problems
+
+
+def test_restart_prefill_stands_alone_only_on_vllm() -> None:
+    """SGLang restarts a prefill only after an abort did not drain it (the refusal is in
+    BAD_SPECS and BAD_POLICIES); vLLM has no abort an operator can call, so there RestartPrefill
+    is the first and only rung (remediation/policy/plan.py, rung 1v)."""
+    remediation = {"actions": ["CordonDecode", "RestartPrefill"]}
+    deployment = merged(BASE_SPEC, {"engine": "vllm", "image": "vllm/vllm-openai:v0.32.0",
+                                     "remediation": remediation})  # fmt: skip
+    assert parse_spec(deployment).remediation.actions == ["CordonDecode", "RestartPrefill"]
+    policy = merged(BASE_POLICY, {"engine": "vllm", "remediation": remediation})
+    assert parse_policy_spec(policy).remediation.actions == ["CordonDecode", "RestartPrefill"]
+    with pytest.raises(InvalidSpec, match="RestartPrefill needs AbortRequests unless"):
+        parse_policy_spec(merged(policy, {"engine": "sglang"}))
 
 
 def test_the_table_is_big_and_distinct() -> None:

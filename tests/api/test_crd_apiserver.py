@@ -103,6 +103,35 @@ def test_kubectl_explain_teaches_sglang_pod_knobs(api: tuple[Cluster, str]) -> N
     assert "HF_HOME=/cache/huggingface" in cache and "persistentVolumeClaim" in cache
 
 
+def test_network_allow_from_round_trips_and_kubectl_explain_teaches_it(
+    api: tuple[Cluster, str],
+) -> None:
+    from .cases import BASE_SPEC
+
+    cluster, ns = api
+    gateways = [
+        {"podSelector": {"matchLabels": {"app": "gateway"}}},
+        {"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Exists"}]}},
+    ]
+    spec = {**BASE_SPEC, "network": {"allowFrom": gateways}}
+    doc = {"apiVersion": constants.API_VERSION, "kind": constants.KIND,
+           "metadata": {"name": "gw"}, "spec": spec}  # fmt: skip
+    with applied(cluster, ns, doc) as stored:
+        assert stored["network"] == {"allowFrom": gateways}
+        assert parse_spec(stored) == parse_spec(spec)
+
+    def explained() -> str:
+        out = cluster.kubectl("explain", "pddeployment.spec.network", check=False)
+        return out.stdout if out.returncode == 0 and "allowFrom" in out.stdout else ""
+
+    text = " ".join(cluster.wait_until("kubectl explain spec.network", explained, 60).split())
+    assert "/generate on that port is not authenticated" in text.replace("`", "")
+    peer = cluster.kubectl("explain", "pddeployment.spec.network.allowFrom").stdout
+    peer = " ".join(peer.split())
+    assert "namespaceSelector" in peer and "podSelector" in peer
+    assert "podSelector alone: those pods in the PDDeployment's own namespace" in peer
+
+
 def test_status_subresource_printer_columns_and_scale(api: tuple[Cluster, str]) -> None:
     cluster, ns = api
     doc = EXAMPLES["minimal-cpu.yaml"]

@@ -3,6 +3,7 @@ keep manifests/install.yaml and the CRDs in step with their sources, lint the Do
 
 from __future__ import annotations
 
+import argparse
 import base64
 import shutil
 import subprocess
@@ -12,6 +13,10 @@ from typing import Any
 
 import pytest
 import yaml
+
+from pdwarden.constants import WORKER_PORT
+from pdwarden.remediation.scrape.client import DEFAULT_MAX_BODY, MAX_BODY_LIMIT
+from pdwarden.run import add_arguments
 
 from .chart_helpers import CHART, KUBE_VERSION, ROOT, Helm, find, operator_args
 
@@ -84,6 +89,7 @@ def test_default_is_one_standalone_cluster_wide_replica_hardened(helm: Helm) -> 
     assert not [a for a in args if a.startswith("--namespace")]
     assert "--token-key-file=/etc/pdwarden/token-key/key" in args
     assert "--global-dry-run" not in args
+    assert f"--max-metrics-bytes={DEFAULT_MAX_BODY}" in args  # the operator's own default
     sc = c["securityContext"]
     assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"]
     assert sc["allowPrivilegeEscalation"] is False
@@ -101,6 +107,16 @@ def test_default_is_one_standalone_cluster_wide_replica_hardened(helm: Helm) -> 
 
 def rules_of(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for o in objs if o["kind"] in ("ClusterRole", "Role") for r in o["rules"]]
+
+
+def test_the_metrics_body_cap_is_a_value_the_operator_accepts(helm: Helm) -> None:
+    """metrics.maxBytes is what a MetricsTooLarge Event tells the user to raise."""
+    args = operator_args(helm.objects("--set", f"metrics.maxBytes={MAX_BODY_LIMIT}"))
+    (flag,) = [a for a in args if a.startswith("--max-metrics-bytes")]
+    assert flag == f"--max-metrics-bytes={MAX_BODY_LIMIT}"
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args([flag]).max_metrics_bytes == MAX_BODY_LIMIT
 
 
 def test_rbac_has_no_wildcards_and_never_reads_secrets(helm: Helm) -> None:
@@ -145,6 +161,13 @@ def test_ha_runs_peered_replicas_with_rolling_update(helm: Helm) -> None:
     assert any("kopfpeerings" in r["resources"] for r in rules_of(objs))
 
 
+def test_a_shard_release_passes_its_share_to_the_operator(helm: Helm) -> None:
+    objs = helm.objects("--set", "shard=1/3,ha.enabled=true,ha.peeringName=pdwarden-shard-1")
+    args = operator_args(objs)
+    assert "--shard=1/3" in args and "--peering=pdwarden-shard-1" in args
+    assert not any(a.startswith("--shard") for a in operator_args(helm.objects()))
+
+
 def test_global_dry_run_and_monitoring_render(helm: Helm) -> None:
     objs = helm.objects(*COMBINATIONS["dry-run-existing-key"])
     assert "--global-dry-run" in operator_args(objs)
@@ -172,18 +195,24 @@ def test_network_policy_only_adds_extra_peers_on_the_worker_port(helm: Helm) -> 
     pols = find(objs, "NetworkPolicy")
     assert {p["metadata"]["namespace"] for p in pols} == {"a", "b"}
     (ingress,) = pols[0]["spec"]["ingress"]
-    assert ingress["ports"] == [{"protocol": "TCP", "port": 8000}]
+    assert ingress["ports"] == [{"protocol": "TCP", "port": WORKER_PORT}]
     # Only the extra peers: the operator's per-deployment policy admits its own pods and itself.
     assert ingress["from"] == [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}]
 
 
-def test_operator_pods_carry_the_labels_worker_policies_admit(helm: Helm) -> None:
+def test_operator_pods_carry_the_labels_and_namespace_worker_policies_admit(helm: Helm) -> None:
     from pdwarden.render.network import OPERATOR_POD_LABELS
 
     for args in COMBINATIONS.values():
         (dep,) = find(helm.objects(*args), "Deployment")
         labels = dep["spec"]["template"]["metadata"]["labels"]
         assert OPERATOR_POD_LABELS.items() <= labels.items(), labels
+        # and know their namespace: the policies admit the operator from there only
+        (container,) = dep["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["POD_NAMESPACE"]["valueFrom"] == {
+            "fieldRef": {"fieldPath": "metadata.namespace"}
+        }
 
 
 def policy_of(objs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -240,7 +269,11 @@ BAD_VALUES: list[tuple[list[str], str]] = [
     (["--set", "remediation.globalDryRun=yes"], "at '/remediation/globalDryRun': got string"),
     (["--set", "metrics.serviceMonitor.interval=30"], "at '/metrics/serviceMonitor/interval'"),
     (["--set", "metrics.port=8080"], "metrics.port and livenessPort must differ"),
+    (["--set", f"metrics.maxBytes={MAX_BODY_LIMIT + 1}"], "at '/metrics/maxBytes': maximum"),
+    (["--set", "metrics.maxBytes=0"], "at '/metrics/maxBytes': minimum"),
     (["--set", "networkPolicy.enabled=true"], "networkPolicy.enabled needs"),
+    (["--set", "shard=2/2"], "must be INDEX/COUNT with 0 <= INDEX < COUNT"),
+    (["--set", "shard=half"], "at '/shard': 'half' does not match"),
     (
         ["--set", "networkPolicy.enabled=true,watchNamespaces={a}"],
         "networkPolicy.enabled needs networkPolicy.extraFrom",

@@ -21,6 +21,8 @@ import pytest
 import yaml
 from e2e.fixtures import Cluster
 
+from pdwarden.constants import FINALIZER, LABEL_SERVING, WORKER_PORT
+
 from .chart_helpers import CHART, ROOT, Helm
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -123,6 +125,18 @@ def test_operator_runs_as_its_service_account_and_reconciles_the_cpu_example(
     # The admin Secret was created (create-only RBAC) and nothing else in the namespace is ours.
     secrets = cluster.kubectl("get", "secrets", "-n", release.watched, "-o", "name").stdout
     assert "secret/pd-admin" in secrets.split()
+    # The worker NetworkPolicy as the API server holds it (no network plugin here enforces it):
+    # the operator is admitted from its own namespace (the chart's POD_NAMESPACE), no peer from
+    # every namespace.
+    from pdwarden.render.network import OPERATOR_POD_LABELS
+
+    out = cluster.kubectl("get", "networkpolicy", "pd-workers", "-n", release.watched, "-o", "json")
+    peers = [p for rule in json.loads(out.stdout)["spec"]["ingress"] for p in rule["from"]]
+    assert {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": release.namespace}},
+        "podSelector": {"matchLabels": OPERATOR_POD_LABELS},
+    } in peers, peers
+    assert all(p.get("namespaceSelector", {"unset": ""}) != {} for p in peers), peers
 
 
 def test_remediation_works_under_the_charts_rbac(release: Release, cluster: Cluster) -> None:
@@ -134,6 +148,7 @@ def test_remediation_works_under_the_charts_rbac(release: Release, cluster: Clus
         cpu_example,
         http,
         pods,
+        recorded,
         router_url,
         status,
         wait_ready,
@@ -148,7 +163,7 @@ def test_remediation_works_under_the_charts_rbac(release: Release, cluster: Clus
     wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"}, name="st")
     victim = pods(cluster, ns, "decode", "st")[0]
     code, body = http(
-        "POST", f"http://{victim['status']['podIP']}:8000/admin/decode-stall", {},
+        "POST", f"http://{victim['status']['podIP']}:{WORKER_PORT}/admin/decode-stall", {},
         token=admin_token(cluster, ns, "st"),
     )  # fmt: skip
     assert code == 200, body
@@ -158,7 +173,10 @@ def test_remediation_works_under_the_charts_rbac(release: Release, cluster: Clus
             http("POST", url + "/generate", {"text": f"req {i}", "max_new_tokens": 2}, timeout=3)
 
     def restarted() -> Any:
-        history = (status(cluster, ns, "st").get("remediation") or {}).get("history") or []
+        # Records only: the operator writes each action's intent (Pending) before acting, and a
+        # RestartDecode intent is in status a moment before the restart's record replaces it.
+        history = recorded((status(cluster, ns, "st").get("remediation") or {}).get("history")
+                           or [])  # fmt: skip
         done = {e["action"]: e for e in history}
         return "RestartDecode" in done and "CordonDecode" in done and history
 
@@ -181,7 +199,9 @@ ALLOWED = [
     ("patch", "pddeployments.pdwarden.dev/status"),
     ("create", "statefulsets.apps"),
     ("patch", "statefulsets.apps"),
+    ("watch", "statefulsets.apps"),
     ("list", "deployments.apps"),
+    ("watch", "deployments.apps"),
     ("patch", "deployments.apps"),
     ("create", "services"),
     ("patch", "serviceaccounts"),
@@ -336,7 +356,7 @@ def test_admission_policy_lets_policies_switch_only_the_cordon_label_and_evict(
     pod = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": ns,
-                     "labels": {"app": "sglang-decode", "pdwarden.dev/serving": "true"}},
+                     "labels": {"app": "sglang-decode", LABEL_SERVING: "true"}},
         "spec": {"containers": [{"name": "c", "image": "example.invalid/decode:1"}],
                  "nodeSelector": {"pdwarden.dev/no-such-node": "true"}},
     }  # fmt: skip
@@ -430,5 +450,5 @@ def test_uninstall_leaves_no_operator_objects_but_keeps_crd_and_pddeployments(
     pdd = json.loads(
         cluster.kubectl("get", "pdd", "pd", "-n", release.watched, "-o", "json").stdout
     )
-    assert pdd["metadata"]["finalizers"] == ["pdwarden.dev/finalizer"]
+    assert pdd["metadata"]["finalizers"] == [FINALIZER]
     cluster.kubectl("get", "statefulset", "pd-decode", "-n", release.watched)

@@ -19,19 +19,21 @@ from e2e.fixtures import Cluster
 from kubernetes import config as k8s_config
 
 from pdwarden.api import CordonSpec
+from pdwarden.constants import LABEL_SERVING
 from pdwarden.k8s.client import KubeClient
 from pdwarden.k8s.foreign import (
     evict_pod,
     service_selector,
     set_pod_label,
 )
-from pdwarden.remediation.act.foreign import LabelPatch, label_patch
+from pdwarden.remediation.act.pod_label import label_patch
 from pdwarden.remediation.policy.cordon import cordon_check
 from pdwarden.remediation.policy.plan import Action
 from pdwarden.remediation.policy.scope import foreign_pod
+from pdwarden.values import LabelPatch
 
 pytestmark = pytest.mark.cluster
-KEY = "pdwarden.dev/serving"
+KEY = LABEL_SERVING
 LABELS = {"app": "sg", "role": "decode"}
 
 

@@ -13,9 +13,10 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client as k8s
 
+from pdwarden.constants import LABEL_SERVING
 from pdwarden.k8s.client import KubeClient
 from pdwarden.k8s.foreign import ForeignActionError, evict_pod, set_pod_label
-from pdwarden.remediation.act.foreign import LabelPatch
+from pdwarden.values import LabelPatch
 
 
 def _client(port: int) -> KubeClient:
@@ -40,7 +41,7 @@ def test_a_hung_api_server_is_an_error_naming_pod_and_verb(silent_port: int) -> 
     with pytest.raises(ForeignActionError, match=r"evict pod ns/d0: .*") as err:
         asyncio.run(evict_pod(kube, "ns", "d0", "uid", deadline=0.5))
     assert err.value.status == 0 and err.value.transient
-    patch = LabelPatch("d0", "uid", "7", "pdwarden.dev/serving", "false")
+    patch = LabelPatch("d0", "uid", "7", LABEL_SERVING, "false")
     with pytest.raises(ForeignActionError, match=r"label pdwarden.dev/serving=false on pod ns/d0"):
         asyncio.run(set_pod_label(kube, "ns", patch, deadline=0.5))
 

@@ -6,9 +6,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pdwarden.api import Condition, PDDeploymentStatus
-from pdwarden.constants import ANNOTATION_TEMPLATE_HASH, CONDITION_SERVING
+from pdwarden.constants import ANNOTATION_TEMPLATE_HASH, CONDITION_SERVING, LABEL_ROLE
 from pdwarden.reconciling.observe import Observed
-from pdwarden.reconciling.plan import apply_everything, invalid_status, pods_to_serve, to_apply
+from pdwarden.reconciling.plan import (
+    apply_everything,
+    apply_waves,
+    invalid_status,
+    pods_to_serve,
+    to_apply,
+)
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -16,7 +22,7 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 def workload(role: str, hash_: str, replicas: int, kind: str = "StatefulSet") -> dict[str, Any]:
     return {
         "kind": kind,
-        "metadata": {"name": f"pd-{role}", "labels": {"pdwarden.dev/role": role},
+        "metadata": {"name": f"pd-{role}", "labels": {LABEL_ROLE: role},
                      "annotations": {ANNOTATION_TEMPLATE_HASH: hash_}},
         "spec": {"replicas": replicas},
     }  # fmt: skip
@@ -39,6 +45,16 @@ def test_only_drifted_workloads_are_applied_on_a_quiet_pass() -> None:
     ]  # fmt: skip
 
 
+def test_what_pods_use_is_applied_in_a_wave_before_the_workloads() -> None:
+    account = {"kind": "ServiceAccount", "metadata": {"name": "pd-router"}}
+    router = workload("router", "c", 1, kind="Deployment")
+    desired = [workload("prefill", "a", 1), SERVICE, router, account, workload("decode", "b", 2)]
+    waves = [[o["metadata"]["name"] for o in w] for w in apply_waves(desired)]
+    assert waves == [["pd-decode", "pd-router"], ["pd-prefill", "pd-router", "pd-decode"]]
+    assert [w[0]["kind"] for w in apply_waves(desired)] == ["Service", "StatefulSet"]
+    assert apply_waves([SERVICE]) == [[SERVICE]] and apply_waves([]) == []
+
+
 def degraded(reason: str) -> PDDeploymentStatus:
     c = Condition(type="Degraded", status="True", reason=reason, last_transition_time=NOW)
     return PDDeploymentStatus(observed_generation=3, conditions=[c])
@@ -54,7 +70,7 @@ def test_everything_is_reapplied_after_a_spec_change_or_while_an_apply_fails() -
 def test_new_decode_pods_are_marked_serving_but_cordoned_and_terminating_ones_are_not() -> None:
     def pod(name: str, role: str = "decode", serving: str | None = None, **meta: Any) -> Any:
         conditions = [{"type": CONDITION_SERVING, "status": serving}] if serving else []
-        return {"metadata": {"name": name, "namespace": "ns", "labels": {"pdwarden.dev/role": role},
+        return {"metadata": {"name": name, "namespace": "ns", "labels": {LABEL_ROLE: role},
                              **meta}, "status": {"conditions": conditions}}  # fmt: skip
 
     deleting = pod("d-3", deletionTimestamp="2026-01-01T00:00:00Z")

@@ -10,7 +10,12 @@ import pytest
 import yaml
 
 from pdwarden.api import parse_spec
-from pdwarden.constants import ANNOTATION_TEMPLATE_HASH, CONDITION_SERVING, LABEL_DEPLOYMENT
+from pdwarden.constants import (
+    ANNOTATION_TEMPLATE_HASH,
+    CONDITION_SERVING,
+    LABEL_DEPLOYMENT,
+)
+from pdwarden.remediation.scrape import engines
 from pdwarden.render import Owner, render_deployment
 from pdwarden.render.deployment import admin_secret, bootstrap_secret
 
@@ -274,27 +279,16 @@ def test_router_gets_least_privilege_pod_read_rbac() -> None:
     assert pod["serviceAccountName"] == "demo-router"
 
 
-def test_worker_pods_admit_only_their_own_deployment_and_the_operator() -> None:
-    objs = render_deployment(OWNER, parse_spec(example("minimal-cpu.yaml")))
-    (pol,) = by_kind(objs, "NetworkPolicy").values()
-    spec = pol["spec"]
-    assert spec["policyTypes"] == ["Ingress"]
-    selected = spec["podSelector"]
-    assert selected["matchLabels"] == {LABEL_DEPLOYMENT: "demo"}
-    assert selected["matchExpressions"] == [
-        {"key": "pdwarden.dev/role", "operator": "In", "values": ["prefill", "decode"]}
-    ]
-    peers, operator = spec["ingress"]
-    # Its own pods (router, peers) on every port: the bootstrap and NIXL/UCX ports included.
-    assert peers == {"from": [{"podSelector": {"matchLabels": {LABEL_DEPLOYMENT: "demo"}}}]}
-    # Not any pod carrying the label key: the value must be this deployment's.
-    for peer in peers["from"] + operator["from"]:
-        for expr in peer.get("podSelector", {}).get("matchExpressions", []):
-            assert expr["operator"] != "Exists", peer
-    # The operator, from any namespace, on the worker port only.
-    assert operator["ports"] == [{"protocol": "TCP", "port": 8000}]
-    (op,) = operator["from"]
-    assert op["podSelector"]["matchLabels"] == {
-        "app.kubernetes.io/part-of": "pdwarden",
-        "app.kubernetes.io/component": "operator",
-    }
+def test_the_generating_liveness_probe_and_sglang_detection_agree() -> None:
+    """SGLang's /health generates one token through the scheduler on every probe (issue 25);
+    pdwarden keeps that liveness probe (it restarts a hung scheduler) because detection reads
+    progress only from series such a probe never moves (scrape/engines.py PROBE_MOVED)."""
+    c = _sglang_pod({})["containers"][0]
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+    env = {e["name"] for e in c["env"]}
+    assert "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION" not in env  # so the probe does generate
+    for name, select in engines.PROBE_MOVED:
+        for series in engines.SGLANG.series:
+            shared = select.keys() & series.select.keys()
+            clash = any(select[k] != series.select[k] for k in shared)
+            assert series.name != name or clash, (series, name, select)

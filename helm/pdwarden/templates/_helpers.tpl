@@ -61,4 +61,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if and .Values.networkPolicy.enabled (not .Values.networkPolicy.extraFrom) -}}
 {{- fail "networkPolicy.enabled needs networkPolicy.extraFrom: the operator already admits each deployment's own pods and itself; this policy only lets extra peers in" -}}
 {{- end -}}
+{{- with .Values.shard -}}
+{{- $part := splitList "/" . -}}
+{{- if or (lt (atoi (index $part 1)) 1) (ge (atoi (index $part 0)) (atoi (index $part 1))) -}}
+{{- fail (printf "shard %q: must be INDEX/COUNT with 0 <= INDEX < COUNT (pdwarden run --shard)" .) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}

@@ -7,6 +7,7 @@ Kubernetes client, no kopf; import-linter enforces it), so every layer above can
 
 from pdwarden.api.base import Rule
 from pdwarden.api.crd import build_crd, build_policy_crd, render_crd_yaml, render_policy_crd_yaml
+from pdwarden.api.network import NamespaceSelector, NetworkPeer, NetworkSpec
 from pdwarden.api.parse import (
     InvalidSpec,
     parse_policy_spec,
@@ -70,6 +71,9 @@ __all__ = [
     "MetricsEndpoint",
     "Mode",
     "ModelSpec",
+    "NamespaceSelector",
+    "NetworkPeer",
+    "NetworkSpec",
     "PDDeploymentSpec",
     "PDDeploymentStatus",
     "PDRemediationPolicySpec",

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from pdwarden.api.base import ApiModel, Rule, nested
 from pdwarden.api.kube import MAX_NAME
-from pdwarden.api.remediation import Mode, RemediationSpec
+from pdwarden.api.remediation import RESTART_PREFILL_NEEDS_ABORT, Mode, RemediationSpec
 from pdwarden.api.selector import LabelKey, LabelSelector, LabelValue
 from pdwarden.api.spec import Engine
 from pdwarden.constants import LABEL_SERVING, SERVING_FALSE, SERVING_TRUE
@@ -134,8 +134,9 @@ class PDRemediationPolicySpec(ApiModel):
 
     engine: Engine = Field(
         description=(
-            "What the selected pods run: sglang (stock SGLang in PD mode) or pdworker (pdwarden's "
-            "reference worker). Decides how metrics are read and how prefill rooms are failed."
+            "What the selected pods run: sglang (stock SGLang in PD mode), vllm (stock vLLM with "
+            "the NixlConnector) or pdworker (pdwarden's reference worker). Decides how metrics "
+            "are read and how wedges are repaired."
         ),
     )
     prefill_selector: LabelSelector = Field(
@@ -159,6 +160,7 @@ class PDRemediationPolicySpec(ApiModel):
     )
 
     RULES: ClassVar[tuple[Rule, ...]] = (
+        RESTART_PREFILL_NEEDS_ABORT,
         # CEL has no equality on objects, so this catches the common mistake (the same
         # matchLabels, no expressions); a pod that both selectors match is refused per pod.
         Rule(

@@ -76,14 +76,26 @@ _RESTART_AFTER_SCRAPE = Rule(
     field_path=".restartAfterSeconds",
     check=lambda s: s.restart_after_seconds >= s.scrape_interval_seconds,
 )
-_RESTART_PREFILL_NEEDS_ABORT = Rule(
-    cel="!('RestartPrefill' in self.actions) || 'AbortRequests' in self.actions",
-    message=(
-        "RestartPrefill needs AbortRequests in actions: a prefill pod is restarted only when "
-        "aborting its requests did not drain its inflight queue"
+# On the engine's object (PDDeployment, PDRemediationPolicy), not here: it depends on the engine.
+# SGLang restarts a prefill only after aborting its requests did not drain it; vLLM has no abort
+# an operator can call (by request id only, under --enable-scale-out), so there RestartPrefill
+# is the first and only rung (remediation/policy/plan.py, rung 1v).
+RESTART_PREFILL_NEEDS_ABORT = Rule(
+    cel=(
+        "self.engine == 'vllm' || !has(self.remediation) || "
+        "!('RestartPrefill' in self.remediation.actions) || "
+        "'AbortRequests' in self.remediation.actions"
     ),
-    field_path=".actions",
-    check=lambda s: "RestartPrefill" not in s.actions or "AbortRequests" in s.actions,
+    message=(
+        "remediation.actions: RestartPrefill needs AbortRequests unless engine is vllm: a "
+        "prefill pod is restarted only when aborting its requests did not drain its inflight queue"
+    ),
+    field_path=".remediation.actions",
+    check=lambda s: (
+        s.engine == "vllm"
+        or "RestartPrefill" not in s.remediation.actions
+        or "AbortRequests" in s.remediation.actions
+    ),
 )
 _RESTART_NEEDS_CORDON = Rule(
     cel="!('RestartDecode' in self.actions) || 'CordonDecode' in self.actions",
@@ -136,9 +148,10 @@ class RemediationSpec(ApiModel):
             "for a PDDeployment, the cordon label for a PDRemediationPolicy), RestartDecode "
             "(delete, for a policy evict, a cordoned decode pod that still makes no progress; "
             "needs CordonDecode), AbortRequests (sglang: abort every request of a wedged prefill "
-            "pod, the only way stock SGLang frees wedged rooms) and RestartPrefill (sglang, "
-            "opt-in: delete a prefill pod whose inflight queue still does not drain "
-            "restartAfterSeconds after AbortRequests; needs AbortRequests)."
+            "pod, the only way stock SGLang frees wedged rooms) and RestartPrefill (opt-in; "
+            "sglang: delete a prefill pod whose inflight queue still does not drain "
+            "restartAfterSeconds after AbortRequests, and needs AbortRequests; vllm: delete the "
+            "prefill a decode's KV read is stuck on)."
         ),
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
@@ -186,7 +199,6 @@ class RemediationSpec(ApiModel):
         _WEDGE_AFTER_SCRAPE,
         _RESTART_AFTER_SCRAPE,
         _RESTART_NEEDS_CORDON,
-        _RESTART_PREFILL_NEEDS_ABORT,
     )
 
     @field_validator("actions")

@@ -12,11 +12,13 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from pdwarden.api.base import ApiModel, Rule, nested
+from pdwarden.api.network import NetworkSpec
 from pdwarden.api.pools import RouterSpec, WorkerPoolSpec
-from pdwarden.api.remediation import RemediationSpec
+from pdwarden.api.remediation import RESTART_PREFILL_NEEDS_ABORT, RemediationSpec
 from pdwarden.api.sglang import SGLangSpec
+from pdwarden.api.vllm import VLLMSpec, owned_flag_rule
 
-Engine = Literal["pdworker", "sglang"]
+Engine = Literal["pdworker", "sglang", "vllm"]
 DEFAULT_BOOTSTRAP_PORT = 8998
 
 
@@ -28,7 +30,8 @@ class ModelSpec(ApiModel):
         max_length=512,
         description=(
             "Model to serve. sglang: a Hugging Face id or a path inside the image, passed as "
-            "--model-path. pdworker: the name of a model the worker builds itself (e.g. tiny)."
+            "--model-path. vllm: the same, passed as vllm serve's model argument. pdworker: "
+            "the name of a model the worker builds itself (e.g. tiny)."
         ),
     )
     served_name: str | None = Field(
@@ -54,7 +57,8 @@ class TransferSpec(ApiModel):
         le=65535,
         description=(
             "Port of the prefill workers' bootstrap server, where decode workers fetch the "
-            "prefill's KV layout (sglang: --disaggregation-bootstrap-port)."
+            "prefill's KV layout (sglang: --disaggregation-bootstrap-port; vllm: the NIXL "
+            "handshake side channel, VLLM_NIXL_SIDE_CHANNEL_PORT)."
         ),
     )
 
@@ -62,8 +66,12 @@ class TransferSpec(ApiModel):
 # Flags pdwarden itself puts on an SGLang worker's command line (render/engines.py). SGLang's
 # argparse keeps the last of a repeated flag, so a copy in args would silently override the spec
 # (or, for --tp-size, disagree with the GPUs requested); a spec that repeats one is refused.
+# Aliases count: sglang 0.5.23 srt/arg_groups/fields/model.py:51-57 declares `--model` an alias
+# of `--model-path`, srt/arg_groups/fields/parallel.py:44-50 `--tensor-parallel-size` one of
+# `--tp-size`.
 SGLANG_OWNED_FLAGS: tuple[str, ...] = (
     "--model-path",
+    "--model",
     "--served-model-name",
     "--disaggregation-mode",
     "--disaggregation-transfer-backend",
@@ -111,7 +119,8 @@ class PDDeploymentSpec(ApiModel):
         "pdworker",
         description=(
             "What the pods run. pdworker: the reference KV-transfer worker that ships with "
-            "pdwarden. sglang: stock SGLang images and flags (spec.image is then required)."
+            "pdwarden. sglang: stock SGLang images and flags; vllm: stock vLLM images with the "
+            "NixlConnector (spec.image is then required)."
         ),
     )
     image: str | None = Field(
@@ -120,7 +129,7 @@ class PDDeploymentSpec(ApiModel):
         max_length=1024,
         description=(
             "Container image of every role. Optional for pdworker (defaults to the pdworker image "
-            "of the operator's version); required for sglang."
+            "of the operator's version); required for sglang and vllm."
         ),
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
@@ -135,6 +144,10 @@ class PDDeploymentSpec(ApiModel):
     router: RouterSpec = nested(RouterSpec, "The router that pairs prefill and decode workers.")
     remediation: RemediationSpec = nested(RemediationSpec)
     sglang: SGLangSpec = nested(SGLangSpec)
+    vllm: VLLMSpec = nested(VLLMSpec)
+    # Optional, not nested(): unset is the common case and stores nothing (kubectl explain shows
+    # NetworkSpec's docstring).
+    network: NetworkSpec | None = None
 
     RULES: ClassVar[tuple[Rule, ...]] = (
         Rule(
@@ -142,6 +155,12 @@ class PDDeploymentSpec(ApiModel):
             message="image is required when engine is sglang: pdwarden ships no SGLang image",
             field_path=".image",
             check=lambda s: s.engine != "sglang" or s.image is not None,
+        ),
+        Rule(
+            cel="self.engine != 'vllm' || has(self.image)",
+            message="image is required when engine is vllm: pdwarden ships no vLLM image",
+            field_path=".image",
+            check=lambda s: s.engine != "vllm" or s.image is not None,
         ),
         Rule(
             cel="self.engine != 'sglang' || !has(self.prefill) || self.prefill.gpus >= 1",
@@ -155,8 +174,11 @@ class PDDeploymentSpec(ApiModel):
             field_path=".decode.gpus",
             check=lambda s: s.engine != "sglang" or s.decode.gpus >= 1,
         ),
+        RESTART_PREFILL_NEEDS_ABORT,
         _owned_flag_rule("prefill"),
         _owned_flag_rule("decode"),
+        owned_flag_rule("prefill"),
+        owned_flag_rule("decode"),
         Rule(
             cel=(
                 "!has(self.remediation) || !has(self.decode) || "

@@ -7,7 +7,7 @@ bounded here (MAX_HISTORY) and read back on every pass.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 from pydantic import AwareDatetime, Field
 
@@ -90,9 +90,24 @@ class CordonRecord(StatusModel):
     since: AwareDatetime = Field(description="When it was cordoned.")
 
 
-class LedgerEntry(StatusModel):
-    """One remediation action, taken or (in DryRun) only planned."""
+MAX_PENDING_ROOMS = 256  # room ids a pending FailRooms carries, so a standby can complete it
+LedgerOutcome = Literal["Pending", "Succeeded", "Failed", "Skipped"]
 
+
+class LedgerEntry(StatusModel):
+    """One remediation action, taken or (in DryRun) only planned.
+
+    An action is written here as Pending before it touches anything, and completed after; a
+    Pending entry that outlives the replica that wrote it is completed by the next one, from
+    what the pods show (see the README, "What a failover may lose").
+    """
+
+    id: str | None = Field(
+        None,
+        max_length=32,
+        pattern=r"^[a-z0-9]+$",
+        description="Identity of the entry: its Pending and completed forms share it.",
+    )
     time: AwareDatetime = Field(description="When the action was decided.")
     action: LedgerAction = Field(description="What was done.")
     pod: str = Field(max_length=MAX_NAME, description="Pod acted on.")
@@ -111,8 +126,19 @@ class LedgerEntry(StatusModel):
     )
     reason: str = Field("", max_length=MAX_MESSAGE, description="Why, in a sentence.")
     dry_run: bool = Field(False, description="True if the action was only recorded (DryRun).")
-    outcome: Literal["Succeeded", "Failed", "Skipped"] = Field(
-        "Succeeded", description="What happened when the action was applied."
+    outcome: LedgerOutcome = Field(
+        "Succeeded",
+        description=(
+            "What happened when the action was applied; Pending while it is being applied."
+        ),
+    )
+    uid: str | None = Field(
+        None, max_length=64, description="The pod incarnation (metadata.uid) acted on."
+    )
+    room_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None,
+        max_length=MAX_PENDING_ROOMS,
+        description="A Pending FailRooms: the room ids it fails (dropped once completed).",
     )
 
 

@@ -30,14 +30,19 @@ from pdwarden.render.network import worker_network_policy
 from pdwarden.render.pods import pod_template
 
 
-def render_deployment(owner: Owner, spec: PDDeploymentSpec) -> list[Obj]:
-    """Every object the PDDeployment owns except the token Secrets (see `admin_secret`)."""
+def render_deployment(
+    owner: Owner, spec: PDDeploymentSpec, operator_namespace: str | None = None
+) -> list[Obj]:
+    """Every object the PDDeployment owns except the token Secrets (see `admin_secret`).
+    `operator_namespace`: where the operator's pods run (its NetworkPolicy peer); None when the
+    operator runs outside the cluster."""
     n = names(owner.name)
     objects: list[Obj] = []
     for role in (ROLE_PREFILL, ROLE_DECODE):
         objects += [_headless_service(owner, role, spec), _stateful_set(owner, role, spec)]
     objects.append(_decode_pdb(owner, spec))
-    objects.append(worker_network_policy(owner))
+    allow_from = spec.network.allow_from if spec.network else ()
+    objects.append(worker_network_policy(owner, allow_from, operator_namespace))
     if spec.router.replicas > 0 or spec.engine == "pdworker":
         objects += _router(owner, spec)
     assert len({(o["kind"], o["metadata"]["name"]) for o in objects}) == len(objects)
@@ -90,15 +95,19 @@ def _headless_service(owner: Owner, role: str, spec: PDDeploymentSpec) -> Obj:
 def _stateful_set(owner: Owner, role: str, spec: PDDeploymentSpec) -> Obj:
     n = names(owner.name)
     pool = spec.prefill if role == ROLE_PREFILL else spec.decode
+    pdworker_decode = role == ROLE_DECODE and spec.engine == "pdworker"
     template = pod_template(
         owner,
         spec,
         role,
         settings=pool,
-        launch=worker_launch(spec, role),
+        launch=worker_launch(owner, spec, role),
         gpus=pool.gpus,
         admin_secret=n.admin_secret if needs_admin_token(spec, role) else None,
         bootstrap_secret=n.bootstrap_secret if spec.engine == "pdworker" else None,
+        # A pdworker decode lists its deployment's prefill pods (engines.py): the router's
+        # ServiceAccount, which may read pods in this namespace and nothing else.
+        service_account=n.router_account if pdworker_decode else None,
     )
     template_hash = content_hash(template)
     template["metadata"]["annotations"][ANNOTATION_TEMPLATE_HASH] = template_hash

@@ -3,11 +3,18 @@
 Why: the only difference between running pdworker and running SGLang is the container command,
 its ports and a few environment variables; keeping them here lets every other render function
 stay engine-agnostic, and lets tests check the SGLang flags against SGLang's documented ones.
+
+A pdworker decode dials only its own deployment's prefill pods: it gets `--prefill-selector`
+with the labels of those pods, lists them (in its namespace, $POD_NAMESPACE) with the
+deployment's discovery ServiceAccount (the router's: pods get/list/watch, nothing else;
+deployment.py gives it to decode pods) and refuses, before connecting, any bootstrap endpoint
+that is not one of them at the port it declares as `bootstrap` (pdworker/allow.py). Pod IPs are
+not known when a template is rendered, so a list rendered here could not name them; the
+selector is what is known, and the decode enforces it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from pdwarden.api import PDDeploymentSpec
@@ -20,6 +27,8 @@ from pdwarden.render.common import (
     WORKER_PORT,
     Owner,
 )
+from pdwarden.render.launch import CACHE_DIR, SHM_DIR, Launch, Probes
+from pdwarden.render.vllm import vllm_worker
 from pdworker.contract import (
     ADMIN_TOKEN_FILE_ENV,
     BOOTSTRAP_TOKEN_FILE_ENV,
@@ -34,12 +43,15 @@ SGLANG_BOOTSTRAP_ANNOTATION = "sglang.ai/bootstrap-port"
 # SGLang 0.5.23 entrypoints/http_server.py: /ready answers 200 once warm-up finished and the
 # server is not paused, without running anything; /health runs a one-token generation when idle
 # and gives up after SGLANG_HEALTH_CHECK_TIMEOUT (default 20 s), so its probe timeout is above it.
+# That generation is traffic: it runs even while the disaggregation queues are wedged and moves
+# some counters (issue 25). Kept, since it is what restarts a hung scheduler, because detection
+# reads progress only from series a probe never moves (remediation/scrape/engines.py
+# PROBE_MOVED; tests/operator/test_render.py holds the two together). Turning it off
+# (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false) would not be enough anyway: routers probe too.
 SGLANG_READY_PATH = "/ready"
 SGLANG_HEALTH_PATH = "/health"
 SGLANG_HEALTH_TIMEOUT_SECONDS = 25
 SGLANG_STARTUP_PERIOD_SECONDS = 10
-CACHE_DIR = "/cache"
-SHM_DIR = "/dev/shm"
 # Where SGLang and its libraries write (srt/environ.py: SGLANG_CACHE_DIR and
 # third_party_cache_defaults(), which puts Triton, Inductor, CUDA, TileLang and FlashInfer caches
 # below it; huggingface_hub: HF_HOME). HOME covers anything that still writes under ~.
@@ -51,37 +63,23 @@ SGLANG_CACHE_ENV = {
 }
 
 
-@dataclass(frozen=True)
-class Probes:
-    """Probe paths and timings of the main container."""
-
-    health_path: str = "/healthz"
-    ready_path: str = "/readyz"
-    health_timeout: int = 2
-    health_period: int = 10
-    startup_path: str | None = None  # None: the health path
-    startup_period: int = 2
-    startup_failures: int = 150
+def role_selector(owner: Owner, role: str) -> str:
+    """The label selector of one role's pods of one deployment."""
+    return f"{LABEL_DEPLOYMENT}={owner.name},{LABEL_ROLE}={role}"
 
 
-@dataclass(frozen=True)
-class Launch:
-    command: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    annotations: dict[str, str] = field(default_factory=dict)
-    probes: Probes = field(default_factory=Probes)
-    volumes: tuple[dict[str, Any], ...] = ()
-    mounts: tuple[dict[str, Any], ...] = ()
-
-
-def worker_launch(spec: PDDeploymentSpec, role: str) -> Launch:
+def worker_launch(owner: Owner, spec: PDDeploymentSpec, role: str) -> Launch:
     pool = spec.prefill if role == ROLE_PREFILL else spec.decode
     if spec.engine == "sglang":
         return _sglang_worker(spec, role, pool.gpus, pool.args)
+    if spec.engine == "vllm":
+        return vllm_worker(spec, role, pool.gpus, pool.args)
     # POD_IP, POD_NAME and POD_NAMESPACE reach pdworker as environment defaults (pods.py).
     command = ["pdworker", role, "--port", str(WORKER_PORT)]
     if role == ROLE_PREFILL:
         command += ["--bootstrap-port", str(spec.transfer.bootstrap_port)]
+    else:  # the only prefills this decode may dial (module docstring)
+        command += ["--prefill-selector", role_selector(owner, ROLE_PREFILL)]
     env = {BOOTSTRAP_TOKEN_FILE_ENV: f"{BOOTSTRAP_TOKEN_DIR}/{ADMIN_TOKEN_KEY}"}
     if needs_admin_token(spec, role):
         env[ADMIN_TOKEN_FILE_ENV] = f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}"
@@ -100,8 +98,7 @@ def needs_admin_token(spec: PDDeploymentSpec, role: str) -> bool:
 
 
 def router_launch(spec: PDDeploymentSpec, owner: Owner) -> Launch:
-    prefill = f"{LABEL_DEPLOYMENT}={owner.name},{LABEL_ROLE}={ROLE_PREFILL}"
-    decode = f"{LABEL_DEPLOYMENT}={owner.name},{LABEL_ROLE}={ROLE_DECODE}"
+    prefill, decode = role_selector(owner, ROLE_PREFILL), role_selector(owner, ROLE_DECODE)
     if spec.engine == "sglang":
         return Launch(
             command=[
@@ -142,6 +139,7 @@ def router_launch(spec: PDDeploymentSpec, owner: Owner) -> Launch:
             prefill,
             "--decode-selector",
             decode,
+            *(["--engine", "vllm"] if spec.engine == "vllm" else []),
             *spec.router.args,
         ],
     )

@@ -21,7 +21,7 @@ from pdwarden.render.common import (
     Owner,
     object_labels,
 )
-from pdwarden.render.engines import Launch
+from pdwarden.render.launch import Launch
 
 RUN_AS_USER = 10001
 DOWNWARD_ENV = {
