@@ -38,6 +38,7 @@ from e2e.demo_report import (
 )
 from e2e.demo_setup import NAMESPACE, Setup, acquire_cluster, install, teardown
 from e2e.pdtools import admin_token, cpu_example, http, router_url, wait_ready
+from pdwarden.constants import WORKER_PORT
 
 NAME = "demo"
 SCRAPE, WEDGE_AFTER, RESTART_AFTER = 1, 4, 5
@@ -218,7 +219,7 @@ class Scenario:
 
     def abort_race(self) -> None:
         (prefill, ip), *_ = self.pods("prefill")
-        rooms_url = f"http://{ip}:8000/admin/rooms"
+        rooms_url = f"http://{ip}:{WORKER_PORT}/admin/rooms"
         self.say(
             "ACT 1, the abort race: bursts of requests with 30% cancelled while their KV is in "
             "flight. With legacy-status-race an abort can resurrect a Failed room, which then "
@@ -242,7 +243,7 @@ class Scenario:
             self.problems.append("the abort race did not wedge a room in 15 bursts")
             return
         onset = min(stuck.values())
-        code, _ = http("GET", f"http://{ip}:8000/healthz", timeout=5)
+        code, _ = http("GET", f"http://{ip}:{WORKER_PORT}/healthz", timeout=5)
         self.say(
             f"burst {attempt}: {len(stuck)} room(s) stuck in {prefill}'s inflight queue, their "
             f"transfer will never finish; /healthz still answers {code}"
@@ -291,7 +292,9 @@ class Scenario:
             f"ACT 2, a stalled decode: {victim} keeps accepting KV but never decodes; its "
             "/healthz stays 200, only its transfer queue shows it"
         )
-        code, body = http("POST", f"http://{ip}:8000/admin/decode-stall", {}, token=self.token)
+        code, body = http(
+            "POST", f"http://{ip}:{WORKER_PORT}/admin/decode-stall", {}, token=self.token
+        )
         if code != 200:
             self.problems.append(f"could not stall {victim}: {code} {body}")
             return
@@ -334,7 +337,7 @@ class Scenario:
             )
         final = run_load(self.url, "--clients 4 --requests 40 --timeout 20")
         self.loads.append(final)
-        decodes = {f"http://{ip}:8000" for _, ip in self.pods("decode")}
+        decodes = {f"http://{ip}:{WORKER_PORT}" for _, ip in self.pods("decode")}
         seen: set[str] = set()
         for i in range(24):
             try:
@@ -358,7 +361,8 @@ class Scenario:
     def summary(self, operator: str, where: str) -> dict[str, Any]:
         _, st = self.observer.snapshot()
         ledger = (st.get("remediation") or {}).get("history") or []
-        taken = Counter(e["action"] for e in ledger if not e.get("dryRun"))
+        taken = Counter(e["action"] for e in ledger
+                        if not e.get("dryRun") and e.get("outcome") != "Pending")  # fmt: skip
         wedges = Counter(
             e["message"].split(" on ")[0]
             for e in self.observer.events

@@ -18,7 +18,9 @@ from typing import Any
 
 from kubernetes import client, config
 
-SERVING = "pdwarden.dev/serving"
+from pdwarden.constants import CONDITION_SERVING, LABEL_ROLE, WORKER_PORT
+
+SERVING = CONDITION_SERVING
 EVENT_STORY = {
     "WedgeDetected": "operator DETECTED a wedge",
     "FailRooms": "operator FAILED the wedged rooms on the prefill side",
@@ -96,7 +98,7 @@ class Observer:
             self.pods = pods
         now = time.time()
         for pod_name, view in sorted(pods.items()):
-            values = scrape(f"http://{view.ip}:8000/metrics") if view.ip else None
+            values = scrape(f"http://{view.ip}:{WORKER_PORT}/metrics") if view.ip else None
             if values is not None:
                 with self.lock:
                     self.samples.append(Sample(now, pod_name, view.role, values))
@@ -132,7 +134,7 @@ class Observer:
             conds = {c["type"]: c["status"] for c in (p.get("status") or {}).get("conditions", [])}
             out[p["metadata"]["name"]] = PodView(
                 uid=p["metadata"]["uid"],
-                role=p["metadata"]["labels"].get("pdwarden.dev/role", "?"),
+                role=p["metadata"]["labels"].get(LABEL_ROLE, "?"),
                 ip=(p.get("status") or {}).get("podIP", ""),
                 ready=conds.get("Ready") == "True",
                 serving=conds.get(SERVING, "True") == "True",

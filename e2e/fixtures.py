@@ -9,18 +9,21 @@ one) instead; nothing is started or stopped then.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
 
+from e2e import promql
 from e2e.cluster.controlplane import (
     LocalCluster,
     build_binaries,
@@ -43,6 +46,8 @@ class Cluster:
     kubeconfig: str
     bin_dir: Path
     local: LocalCluster | None
+    # Every metric family any test's operator served before it stopped (e2e/promql.py).
+    metrics_seen: set[str] = field(default_factory=set)
 
     @property
     def kubectl_path(self) -> str:
@@ -169,20 +174,34 @@ CRD_FILE = REPO_ROOT / "crds" / "pddeployments.pdwarden.dev.yaml"
 def crd(cluster: Cluster) -> str:
     """The PDDeployment CRD, installed (server-side apply) and Established."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/pddeployments.pdwarden.dev", "--timeout=60s"
-    )
+    # Not `kubectl wait`: right after the apply the CRD may have no status.conditions yet, and
+    # kubectl wait then fails at once ("<nil> is of the type <nil>") instead of waiting.
+    cluster.wait_until(
+        "the PDDeployment CRD Established",
+        lambda: "True" in cluster.kubectl(
+            "get", "crd/pddeployments.pdwarden.dev", "-o",
+            "jsonpath={.status.conditions[?(@.type=='Established')].status}", check=False,
+        ).stdout,
+    )  # fmt: skip
     return "pddeployments.pdwarden.dev"
 
 
 class OperatorProcess:
     """`pdwarden run` as a real process, scoped to some namespaces, with its own ports."""
 
-    def __init__(self, cluster: Cluster, namespaces: list[str], log_path: Path, *extra: str):
+    def __init__(
+        self,
+        cluster: Cluster,
+        namespaces: list[str],
+        log_path: Path,
+        *extra: str,
+        env: dict[str, str] | None = None,
+    ):
         self.cluster = cluster
         self.namespaces = namespaces
         self.log_path = log_path
         self.extra = list(extra)
+        self.env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
 
@@ -201,7 +220,7 @@ class OperatorProcess:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 argv,
-                env={**self.cluster.env, "PYTHONUNBUFFERED": "1"},
+                env={**self.cluster.env, "PYTHONUNBUFFERED": "1", **self.env},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -215,21 +234,24 @@ class OperatorProcess:
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
+            with contextlib.suppress(OSError, ValueError):
+                self.cluster.metrics_seen |= promql.families(promql.parse(self.metrics_text()))
             os.killpg(self.proc.pid, 15)
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.kill()
 
-    def metric(self, name: str) -> float:
-        """Sum of a metric's samples from this operator's /metrics (0 if absent)."""
-        import urllib.request
-
+    def metrics_text(self) -> str:
+        """This operator's /metrics, as Prometheus would scrape it."""
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as resp:
-            text = resp.read().decode()
+            return str(resp.read().decode())
+
+    def metric(self, name: str) -> float:
+        """Sum of a metric's samples from this operator's /metrics (0 if absent)."""
         total = 0.0
-        for line in text.splitlines():
+        for line in self.metrics_text().splitlines():
             if line.startswith(name) and not line.startswith("#"):
                 total += float(line.rsplit(" ", 1)[1])
         return total
@@ -268,3 +290,22 @@ def operator(
     op = OperatorProcess(cluster, [namespace], tmp_path / "operator.log").start()
     yield op
     op.stop()
+
+
+PEERING = """
+apiVersion: kopf.dev/v1
+kind: KopfPeering
+metadata:
+  name: pdwarden
+"""
+
+
+def peering(cluster: Cluster, ns: str) -> None:
+    """The kopf peering CRD and a KopfPeering `pdwarden` in `ns`, for replicas run with
+    --peering=pdwarden (HA tests)."""
+    crd = str(REPO_ROOT / "crds" / "kopf-peering.yaml")
+    cluster.kubectl("apply", "--server-side", "-f", crd)
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/kopfpeerings.kopf.dev", "--timeout=60s"
+    )
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=PEERING)

@@ -19,6 +19,7 @@ import yaml
 
 from e2e.fixtures import Cluster
 from e2e.httpjson import http
+from pdwarden.constants import WORKER_PORT
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CHILDREN_KINDS = [
@@ -60,6 +61,26 @@ def status(cluster: Cluster, ns: str, name: str = "pd") -> dict[str, Any]:
     obj = get_json(cluster, ns, "pdd", name) or {}
     st: dict[str, Any] = obj.get("status") or {}
     return st
+
+
+def history(cluster: Cluster, ns: str, name: str = "pd") -> list[dict[str, Any]]:
+    """The remediation ledger as stored, intents included."""
+    entries: list[dict[str, Any]] = (status(cluster, ns, name).get("remediation") or {}).get(
+        "history"
+    ) or []
+    return entries
+
+
+def recorded(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ledger as done: before each action the operator writes its intent (outcome Pending)
+    and replaces it with the record once the action ran, so a test waiting for an action waits
+    for its record, never the intent of a moment before."""
+    return [e for e in entries if e.get("outcome") != "Pending"]
+
+
+def ledger(cluster: Cluster, ns: str, name: str = "pd") -> list[dict[str, Any]]:
+    """The ledger's records (Pending intents left out)."""
+    return recorded(history(cluster, ns, name))
 
 
 def condition(st: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -127,7 +148,7 @@ def router_url(cluster: Cluster, ns: str, name: str = "pd") -> str:
     ip = next(
         p["status"]["podIP"] for p in pods(cluster, ns, "router", name) if p["status"].get("podIP")
     )
-    return f"http://{ip}:8000"
+    return f"http://{ip}:{WORKER_PORT}"
 
 
 def generate(cluster: Cluster, ns: str, text: str, name: str = "pd") -> dict[str, Any]:

@@ -20,9 +20,9 @@ from typing import Any
 import yaml
 
 from e2e.fixtures import REPO_ROOT, Cluster, OperatorProcess, create_namespace
-from e2e.pdtools import apply, get_json, http, merge, pod_condition, scrape
+from e2e.pdtools import apply, get_json, http, merge, pod_condition, recorded, scrape
 from pdwarden.api import parse_spec
-from pdwarden.constants import LABEL_SERVING
+from pdwarden.constants import LABEL_SERVING, WORKER_PORT
 from pdwarden.render import Owner
 from pdwarden.render.deployment import render_deployment
 from pdworker import contract as c
@@ -60,7 +60,8 @@ class Pool:
         return dict(self.policy(name).get("status") or {})
 
     def ledger(self, name: str = "sgl") -> list[dict[str, Any]]:
-        return list((self.status(name).get("remediation") or {}).get("history") or [])
+        """The policy's ledger records (Pending intents left out: e2e.pdtools.recorded)."""
+        return recorded(list((self.status(name).get("remediation") or {}).get("history") or []))
 
     def events(self, reason: str) -> list[dict[str, Any]]:
         got = get_json(self.cluster, self.ns, "events", "--field-selector", f"reason={reason}")
@@ -68,7 +69,7 @@ class Pool:
 
     def router(self) -> str:
         ip = next(p["status"]["podIP"] for p in self.pods("router") if p["status"].get("podIP"))
-        return f"http://{ip}:8000"
+        return f"http://{ip}:{WORKER_PORT}"
 
     def wait_ready(self, timeout: float = 180) -> None:
         def ready() -> bool:
@@ -85,7 +86,7 @@ class Pool:
         self.cluster.wait_until(f"the pool Ready ({self.counts})", ready, timeout)
 
     def stall(self, pod: dict[str, Any]) -> None:
-        url = f"http://{pod['status']['podIP']}:8000/admin/decode-stall"
+        url = f"http://{pod['status']['podIP']}:{WORKER_PORT}/admin/decode-stall"
         code, body = http("POST", url, {}, token=self.token)
         assert code == 200, body
 
@@ -95,7 +96,7 @@ class Pool:
         The router picks a decode pod at random among those its discovery listed (refreshed
         every 2 s), so one load can miss a pod that was just recreated; fast workers finish 24
         requests before the next refresh. The pod's own queue gauges say when it has rooms."""
-        url = f"http://{pod['status']['podIP']}:8000/metrics"
+        url = f"http://{pod['status']['podIP']}:{WORKER_PORT}/metrics"
         queues = (c.DECODE_PREALLOC_QUEUE, c.DECODE_TRANSFER_QUEUE, c.DECODE_RUNNING)
 
         def held() -> bool:
@@ -150,7 +151,7 @@ def policy_doc(name: str = "sgl", app: str = "sgl", **remediation: Any) -> dict[
             "engine": "pdworker",
             "prefillSelector": {"matchLabels": {"app": app, "role": "prefill"}},
             "decodeSelector": {"matchLabels": {"app": app, "role": "decode"}},
-            "metrics": {"port": 8000},
+            "metrics": {"port": WORKER_PORT},
             "remediation": {
                 "mode": "DryRun", "scrapeIntervalSeconds": 1, "wedgeAfterSeconds": WEDGE_AFTER,
                 "restartAfterSeconds": RESTART_AFTER, "cooldownSeconds": 2,
@@ -195,9 +196,10 @@ def foreign_pool(ns: str, app: str = "sgl", **overrides: Any) -> list[dict[str, 
             )
             template["metadata"].pop("annotations", None)
             template["spec"].pop("readinessGates", None)
-            if role == "router":
-                args = template["spec"]["containers"][0]["command"]
+            args = template["spec"]["containers"][0]["command"]
+            if role in ("router", "decode"):  # decode dials only the prefills it selects
                 args[args.index("--prefill-selector") + 1] = f"app={app},role=prefill"
+            if role == "router":
                 args[args.index("--decode-selector") + 1] = (
                     f"app={app},role=decode,{LABEL_SERVING}=true"
                 )
@@ -206,7 +208,7 @@ def foreign_pool(ns: str, app: str = "sgl", **overrides: Any) -> list[dict[str, 
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": f"{app}-serving", "labels": dict(base)},
         "spec": {"selector": {**base, "role": "decode", LABEL_SERVING: "true"},
-                 "ports": [{"name": "http", "port": 8000, "targetPort": 8000}]},
+                 "ports": [{"name": "http", "port": WORKER_PORT, "targetPort": WORKER_PORT}]},
     })  # fmt: skip
     return out
 

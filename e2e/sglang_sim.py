@@ -4,28 +4,37 @@ Why: pdwarden must be tested against how SGLang looks from outside (its /metrics
 probes, its abort call), and real SGLang needs GPUs this machine does not have. This program
 stands in for `python3 -m sglang.launch_server` (the local kubelet runs it for images whose
 repository ends in `sglang`, e2e/kubelet/images.py) and plays scripted phases per pod. It follows
-SGLang 0.5.23's source; nothing here is copied from it:
+SGLang 0.5.23's source (line numbers below are of srt/ in the 0.5.23 wheel); nothing is copied
+from it, and e2e/tests/test_sglang_sim_conformance.py reads its output side by side with bodies
+built from the wheel's own metric definitions.
 
-* /metrics: prometheus-client in multiprocess mode with a MultiProcessCollector registry, as
-  utils/common.py `add_prometheus_middleware` does (HELP and ordering are then whatever that
-  collector writes, as on a real server). Names, types, multiprocess_mode and label sets as in
-  observability/metrics_collector.py: scheduler series carry
-  model_name, engine_type, tp_rank, pp_rank, moe_ep_rank (+ priority="" with
-  --enable-priority-scheduling, + dp_rank with --dp-size > 1); queue gauges are also written per
-  priority; tokenizer counters carry model_name, engine_type (+ priority) + is_streaming and
-  move only when a request FINISHES (`observe_one_finished_request`), so during long decodes
-  `generation_tokens_total` and `num_requests_total` stay flat while `gen_throughput`,
-  `decode_sum_seq_lens` and the scheduler's `realtime_tokens_total{mode="decode"}` move.
-  Prefill KV-transfer histograms and `per_stage_req_latency_seconds{stage=
-  "prefill_transfer_kv_cache"}` are observed per finished transfer (disaggregation/prefill.py,
-  observability/req_time_stats.py), `{stage="decode_transferred"}` per KV received on decode. A
-  pod in a scenario has served one request before its first phase, so its counters exist (a
-  fresh SGLang exports a labelled counter only after its first increment).
-* /ready (200 once "warm", no generation), /health and /health_generate
-  (entrypoints/http_server.py).
-* POST /abort_request {"rid", "abort_all"}: abort_all drops every request the "scheduler" holds
-  (managers/scheduler.py `abort_request`), always answers 200, and counts one call in
-  `sglang:num_aborted_requests_total` (tokenizer_manager.py), not one per request.
+* /metrics: prometheus-client in multiprocess mode behind a MultiProcessCollector, as
+  utils/common.py `add_prometheus_middleware` does. Names, types, buckets and labels as in
+  observability/metrics_collector.py (e2e/sglang_sim_series.py).
+* Gauges are published the way the scheduler publishes them, not every tick: at each batch
+  report, and by the idle path only when the scheduler is *fully* idle (managers/scheduler.py:
+  5241-5272, metrics_reporter.py:1476-1525: at once if the running gauge is stale, else every
+  30 s). A prefill whose inflight queue is wedged is never fully idle: its gauges freeze at
+  the last batch. On a PD prefill the running gauge is that batch, whose requests were already
+  appended to the inflight queue (disaggregation/prefill.py:1034, report at :1142).
+* /health and /health_generate go through the scheduler (entrypoints/http_server.py:721-799):
+  503 until warm; with SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false, /health answers without
+  generating (:745-749). Otherwise a one-token request with a fake KV peer reaches one DP rank
+  (round robin, managers/data_parallel_controller.py:845-863) and runs unless that rank has
+  requests running or waiting: the disaggregation queues do not count (scheduler.py:2241-2248,
+  :5337-5367). Running, it moves exactly what SGLang moves for it: on a prefill one prompt token
+  of `realtime_tokens_total{mode="prefill_compute"}` (metrics_reporter.py:810), the stages
+  prefill_bootstrap, prefill_forward and prefill_transfer_kv_cache and `queue_time_seconds`,
+  and a batch report (running 1, the probe counted inflight); on a decode the stages
+  decode_prepare, decode_bootstrap, decode_transferred, fake_output and quick_finish (it
+  finishes in the prebuilt batch, managers/scheduler_components/batch_result_processor.py:
+  117-132). Never `kv_transfer_*` (disaggregation/prefill.py:1250 skips the fake peer), never
+  the tokenizer's counters (`log_metrics=False`, tokenizer_manager.py:2788), never decode steps.
+* POST /abort_request {"rid", "abort_all"}: abort_all drops every request the scheduler holds
+  (scheduler.py:5675-5812): the waiting queue at once; bootstrap and inflight rooms fail at the
+  next poll and count in `num_bootstrap_failed_reqs_total` / `num_transfer_failed_reqs_total`
+  (disaggregation/prefill.py:1377, :1312) and as finished requests; one call counts once in
+  `num_aborted_requests_total` (tokenizer_manager.py:2261-2265).
 
 Phases (set per pod by the test through POST /sim/phase, a test-only knob on a loopback pod IP;
 GET /sim/state reports what the simulator did): prefill `healthy` (saturated: the inflight queue
@@ -48,68 +57,35 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
+if not __package__:  # run as a script by the local kubelet: make `e2e` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from e2e.sglang_sim_series import make_metrics
+
 PHASE_ENV = "SGLANG_SIM_PHASE"  # the phase a (re)started pod begins in; default healthy
+GENERATE_ENV = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"  # srt/environ.py:344, default true
 TICK = 0.25
 WARMUP_SECONDS = 1.0
+IDLE_REPUBLISH_SECONDS = 30.0  # metrics_reporter.py:1494-1498
 LONG_REQUESTS = 4
 LONG_THROUGHPUT = 800.0  # tokens/s over four long requests
 WEDGED_ROOMS = 3
 PREFILL_PHASES = ("healthy", "wedged", "wedged-sticky", "idle")
 DECODE_PHASES = ("healthy", "long", "idle", "stalled")
-# attribute -> (type, name, HELP, buckets or is_streaming), as in SGLang 0.5.23
-# observability/metrics_collector.py (counters are named without `_total`, which
-# prometheus-client appends, exactly as SGLang's own `..._total` names come out).
-SERIES: dict[str, tuple[str, str, str, Any]] = {
-    "running": ("gauge", "sglang:num_running_reqs", "The number of running requests.", None),
-    "queue": ("gauge", "sglang:num_queue_reqs",
-              "The number of requests in the waiting queue.", None),
-    "throughput": ("gauge", "sglang:gen_throughput", "The generation throughput (token/s).",
-                   None),
-    "seq_lens": ("gauge", "sglang:decode_sum_seq_lens",
-                 "The sum of all sequence lengths in decode.", None),
-    "bootstrap": ("gauge", "sglang:num_prefill_bootstrap_queue_reqs",
-                  "The number of requests in the prefill bootstrap queue.", None),
-    "inflight": ("gauge", "sglang:num_prefill_inflight_queue_reqs",
-                 "The number of requests in the prefill inflight queue.", None),
-    "prealloc": ("gauge", "sglang:num_decode_prealloc_queue_reqs",
-                 "The number of requests in the decode prealloc queue.", None),
-    "transfer": ("gauge", "sglang:num_decode_transfer_queue_reqs",
-                 "The number of requests in the decode transfer queue.", None),
-    "boot_failed": ("counter", "sglang:num_bootstrap_failed_reqs",
-                    "The number of bootstrap failed requests.", None),
-    "xfer_failed": ("counter", "sglang:num_transfer_failed_reqs",
-                    "The number of transfer failed requests.", None),
-    "latency": ("histogram", "sglang:kv_transfer_latency_ms",
-                "Histogram of KV cache transfer latency in ms.",
-                (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)),
-    "speed": ("histogram", "sglang:kv_transfer_speed_gb_s",
-              "Histogram of KV cache transfer speed in GB/s.",
-              (0.1, 0.5, 1, 5, 10, 25, 50, 100, 200, 400)),
-    "size": ("histogram", "sglang:kv_transfer_total_mb",
-             "Histogram of KV cache transfer size in MB.",
-             (1, 5, 10, 50, 100, 500, 1000, 5000, 10000)),
-    "realtime_tokens": ("counter", "sglang:realtime_tokens",
-                        "Total number of tokens processed (updated on each log interval). "
-                        "mode: prefill_compute, prefill_cache, decode.", "mode"),
-    "stage_latency": ("histogram", "sglang:per_stage_req_latency_seconds",
-                      "The latency of each stage of requests.",
-                      tuple(0.001 * 1.62**i for i in range(30))),
-    "prompt_tokens": ("counter", "sglang:prompt_tokens", "Number of prefill tokens processed.",
-                      True),
-    "gen_tokens": ("counter", "sglang:generation_tokens",
-                   "Number of generation tokens processed.", True),
-    "requests": ("counter", "sglang:num_requests", "Number of requests processed.", True),
-    "aborted": ("counter", "sglang:num_aborted_requests", "Number of requests aborted.", False),
+QUEUES = ("waiting", "running", "bootstrap", "inflight", "prealloc", "transfer")
+PROBE_STAGES = {
+    "prefill": ("prefill_bootstrap", "prefill_forward", "prefill_transfer_kv_cache"),
+    "decode": ("decode_prepare", "decode_bootstrap", "decode_transferred", "fake_output",
+               "quick_finish"),
 }  # fmt: skip
-TOKENIZER_SERIES = frozenset({"prompt_tokens", "gen_tokens", "requests", "aborted"})
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """SGLang's launch flags that matter here; every other flag is accepted and ignored."""
     p = argparse.ArgumentParser(prog="sglang_sim")
-    p.add_argument("--model-path", required=True)
+    p.add_argument("--model-path", "--model", required=True)
     p.add_argument("--served-model-name")
     p.add_argument("--disaggregation-mode", choices=("prefill", "decode"), required=True)
     p.add_argument("--host", default="127.0.0.1")
@@ -122,17 +98,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 class Engine:
-    """One simulated SGLang server: its scheduler state and its metric objects."""
+    """One simulated SGLang server: its scheduler state and its metric objects.
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        # Imported here: prometheus-client reads PROMETHEUS_MULTIPROC_DIR at import time.
-        from prometheus_client import Counter, Gauge, Histogram
+    `registry` is where the metrics register (None: prometheus-client's default, as SGLang);
+    `clock` is the scheduler's time, so a test can run minutes of it in a moment."""
 
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        registry: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+        seed: str | None = None,
+    ) -> None:
         self.role = args.disaggregation_mode
         self.phase = "healthy"
-        self.started = time.monotonic()
-        self.rng = random.Random(os.environ.get("POD_UID", "sim"))
+        self.clock = clock
+        self.started = clock()
+        self.rng = random.Random(seed if seed is not None else os.environ.get("POD_UID", "sim"))
         self.aborts: list[dict[str, Any]] = []
+        self.probes = {"ran": 0, "skipped": 0}
+        self.metrics_reads = 0  # GET /metrics since the phase was last set (the test's clock)
         self.served = False
         self.dp = max(1, args.dp_size)
         self.priority = bool(args.enable_priority_scheduling)
@@ -144,27 +129,15 @@ class Engine:
         self.tok_labels = {"model_name": model, "engine_type": self.role}
         if self.priority:
             self.tok_labels["priority"] = ""
-        names = list(self.sched_labels) + (["dp_rank"] if self.dp > 1 else [])
-
-        for attr, (kind, name, doc, extra) in SERIES.items():
-            cls = {"gauge": Gauge, "counter": Counter, "histogram": Histogram}[kind]
-            kw: dict[str, Any] = {"labelnames": names}
-            if kind == "gauge":
-                kw["multiprocess_mode"] = "mostrecent"
-            elif kind == "histogram":
-                kw["buckets"] = extra
-            if attr == "realtime_tokens":
-                kw["labelnames"] = [*names, "mode"]
-            elif attr == "stage_latency":
-                kw["labelnames"] = [*names, "stage"]
-            if attr in TOKENIZER_SERIES:
-                kw["labelnames"] = [*self.tok_labels, *(["is_streaming"] if extra else [])]
-            setattr(self, attr, cls(name, doc, **kw))
-        # Scheduler state per dp rank: requests by queue, and the long requests' lengths.
-        queues = ("waiting", "running", "bootstrap", "inflight", "prealloc", "transfer")
-        self.held = [dict.fromkeys(queues, 0) for _ in range(self.dp)]
+        sched = list(self.sched_labels) + (["dp_rank"] if self.dp > 1 else [])
+        self.m = make_metrics(sched, list(self.tok_labels), registry)
+        self.held = [dict.fromkeys(QUEUES, 0) for _ in range(self.dp)]
+        self.batch = [0] * self.dp  # prefill: the last forward batch (the running gauge)
         self.lens = [0.0] * self.dp
         self.tput = [0.0] * self.dp
+        self.published_at = [self.started] * self.dp
+        self.running_gauge = [0] * self.dp
+        self.next_probe_rank = 0
 
     def _share(self, total: int, rank: int) -> int:
         """Rank `rank`'s part of `total` requests spread over the dp ranks."""
@@ -180,7 +153,7 @@ class Engine:
 
     @property
     def warm(self) -> bool:
-        return time.monotonic() - self.started >= WARMUP_SECONDS
+        return self.clock() - self.started >= WARMUP_SECONDS
 
     def set_phase(self, phase: str) -> None:
         allowed = PREFILL_PHASES if self.role == "prefill" else DECODE_PHASES
@@ -188,131 +161,182 @@ class Engine:
             raise ValueError(f"{self.role} phases are {', '.join(allowed)}, not {phase!r}")
         if not self.served:
             self._serve_one()  # a pod in a scenario has served before: its counters exist
-        self.phase = phase
+        self.phase, self.metrics_reads = phase, 0
         for rank in range(self.dp):
-            self.held[rank] = dict.fromkeys(self.held[rank], 0)
+            self.held[rank] = dict.fromkeys(QUEUES, 0)
+            self.batch[rank] = 0
             if phase.startswith("wedged"):
-                self.held[rank]["inflight"] = self._share(WEDGED_ROOMS, rank)
+                # The rooms' last batch report: they were the batch, now inflight for ever.
+                self.batch[rank] = self.held[rank]["inflight"] = self._share(WEDGED_ROOMS, rank)
             elif phase == "long":
                 self.held[rank]["running"] = self._share(LONG_REQUESTS, rank)
             elif phase == "stalled":
                 self.held[rank].update(transfer=3, prealloc=1)
+            self.tput[rank] = 0.0
+            self.publish(rank)  # the transition's last report; what the scheduler does next
+            self.idle_publish(rank)  # decides whether the gauges ever change again
+
+    # -- what SGLang's scheduler writes ------------------------------------------------------
 
     def _serve_one(self, rank: int = 0) -> None:
         """One short request end to end on this pod: the counters SGLang then exports."""
         self.served = True
         if self.role == "prefill":
-            self.realtime_tokens.labels(**self._l(rank), mode="prefill_compute").inc(512)
+            self.m.realtime_tokens.labels(**self._l(rank), mode="prefill_compute").inc(512)
             self._transfer_done(rank)
             self._finish(rank, prompt=512, generated=0)
         else:
-            self.stage_latency.labels(**self._l(rank), stage="decode_transferred").observe(0.05)
-            self.realtime_tokens.labels(**self._l(rank), mode="decode").inc(128)
+            self.m.stage_latency.labels(**self._l(rank), stage="decode_transferred").observe(0.05)
+            self.m.realtime_tokens.labels(**self._l(rank), mode="decode").inc(128)
             self._finish(rank, prompt=512, generated=128)
 
     def _transfer_done(self, rank: int) -> None:
-        """A prefill room's KV transfer finished (disaggregation/prefill.py observes these)."""
+        """A prefill room's real KV transfer succeeded (disaggregation/prefill.py:1222-1264)."""
         labels = self._l(rank)
-        self.latency.labels(**labels).observe(self.rng.uniform(20, 200))
-        self.speed.labels(**labels).observe(self.rng.uniform(5, 40))
-        self.size.labels(**labels).observe(self.rng.uniform(10, 400))
-        self.stage_latency.labels(**labels, stage="prefill_transfer_kv_cache").observe(
+        self.m.latency.labels(**labels).observe(self.rng.uniform(20, 200))
+        self.m.speed.labels(**labels).observe(self.rng.uniform(5, 40))
+        self.m.size.labels(**labels).observe(self.rng.uniform(10, 400))
+        self.m.stage_latency.labels(**labels, stage="prefill_transfer_kv_cache").observe(
             self.rng.uniform(0.02, 0.2)
         )
 
+    def _finish(self, rank: int, prompt: int, generated: int) -> None:
+        """The tokenizer's observe_one_finished_request (metrics_collector.py:2092-2152)."""
+        labels = {**self.tok_labels, "is_streaming": "false"}
+        self.m.requests.labels(**labels).inc()
+        self.m.prompt_tokens.labels(**labels).inc(prompt)
+        if generated:
+            self.m.gen_tokens.labels(**labels).inc(generated)
+
+    def publish(self, rank: int, running: int | None = None, inflight: int = 0) -> None:
+        """A batch report of one rank: log_stats writes every queue gauge at once."""
+        h = self.held[rank]
+        if running is None:
+            running = self.batch[rank] if self.role == "prefill" else h["running"]
+        run = running
+        values = {**h, "running": run, "inflight": h["inflight"] + inflight}
+        for key in ("running", "waiting", "bootstrap", "inflight", "prealloc", "transfer"):
+            gauge = getattr(self.m, key)
+            gauge.labels(**self._l(rank)).set(values[key])
+            if self.priority:  # every request at the default priority 0
+                gauge.labels(**self._l(rank, "0")).set(values[key])
+        self.m.throughput.labels(**self._l(rank)).set(self.tput[rank])
+        self.m.seq_lens.labels(**self._l(rank)).set(self.lens[rank])
+        self.published_at[rank], self.running_gauge[rank] = self.clock(), run
+
+    def fully_idle(self, rank: int) -> bool:
+        """is_fully_idle(): nothing held in any queue (scheduler.py:5337-5405)."""
+        return not any(self.held[rank].values())
+
+    def idle_publish(self, rank: int) -> None:
+        """The idle path: only when fully idle, at once if the running gauge is stale, else
+        every 30 s (metrics_reporter.py:1476-1525)."""
+        if not self.fully_idle(rank):
+            return
+        stale = self.running_gauge[rank] != 0
+        if stale or self.clock() - self.published_at[rank] > IDLE_REPUBLISH_SECONDS:
+            self.batch[rank], self.tput[rank] = 0, 0.0
+            self.publish(rank)
+
+    # -- traffic -------------------------------------------------------------------------------
+
+    def health(self, path: str = "/health") -> int:
+        """GET /health or /health_generate: the HTTP status SGLang would answer."""
+        if not self.warm:
+            return 503
+        if path == "/health" and os.environ.get(GENERATE_ENV, "true").lower() in ("0", "false"):
+            return 200
+        rank = self.next_probe_rank
+        self.next_probe_rank = (rank + 1) % self.dp
+        h = self.held[rank]
+        if h["running"] or h["waiting"]:
+            self.probes["skipped"] += 1  # ongoing requests answer for it (scheduler.py:2241)
+            return 200
+        self.probes["ran"] += 1
+        labels = self._l(rank)
+        for stage in PROBE_STAGES[self.role]:
+            self.m.stage_latency.labels(**labels, stage=stage).observe(0.001)
+        if self.role == "prefill":
+            self.m.realtime_tokens.labels(**labels, mode="prefill_compute").inc(1)
+            self.m.queue_time.labels(**labels).observe(0.0005)
+            self.publish(rank, running=1, inflight=1)  # the probe's batch, counted inflight
+            self.idle_publish(rank)  # the probe left: republished only if now fully idle
+        return 200
+
     def abort_all(self) -> int:
         """Scheduler.abort_request with abort_all: every held request is aborted."""
-        total = sum(sum(h.values()) for h in self.held)
-        self.aborted.labels(**self.tok_labels).inc()
-        if self.phase == "wedged-sticky":
-            # Requests outside the wedged rooms go; the rooms themselves stay (a transfer the
-            # abort cannot reach), so only a restart frees them.
-            for h in self.held:
-                h.update({k: 0 for k in h if k != "inflight"})
-        else:
-            # Aborted requests finish with FINISH_ABORT: the tokenizer counts them as finished.
-            for rank, h in enumerate(self.held):
-                for _ in range(sum(h.values())):
-                    self._finish(rank, prompt=0, generated=0)
-                h.update(dict.fromkeys(h, 0))
+        total = sum(h["waiting"] + h["bootstrap"] + h["inflight"] + h["running"]
+                    + h["prealloc"] + h["transfer"] for h in self.held)  # fmt: skip
+        self.m.aborted.labels(**self.tok_labels).inc()
+        sticky = self.phase == "wedged-sticky"
+        for rank, h in enumerate(self.held):
+            for _ in range(h["bootstrap"]):
+                self.m.boot_failed.labels(**self._l(rank)).inc()
+                self._finish(rank, prompt=0, generated=0)
+            freed_inflight = 0 if sticky else h["inflight"]
+            for _ in range(freed_inflight):
+                self.m.xfer_failed.labels(**self._l(rank)).inc()
+                self._finish(rank, prompt=0, generated=0)
+            for _ in range(h["running"] + h["prealloc"] + h["transfer"]):
+                self._finish(rank, prompt=0, generated=0)
+            h.update(dict.fromkeys(h, 0), inflight=h["inflight"] - freed_inflight)
+            self.idle_publish(rank)
+        if not sticky:
             self.phase = "idle"
-        self.aborts.append({"held": total, "phase_after": self.phase, "at": time.time()})
-        self.publish()
+        self.aborts.append({"held": total, "phase_after": self.phase, "at": time.time(),
+                            "metrics_reads_since_phase": self.metrics_reads})  # fmt: skip
         return total
 
-    def tick(self) -> None:
+    def tick(self, dt: float = TICK) -> None:
         for rank in range(self.dp):
-            getattr(self, f"_tick_{self.role}")(rank)
-        self.publish()
+            getattr(self, f"_tick_{self.role}")(rank, dt)
 
-    def _finish(self, rank: int, prompt: int, generated: int) -> None:
-        labels = {**self.tok_labels, "is_streaming": "false"}
-        self.requests.labels(**labels).inc()
-        self.prompt_tokens.labels(**labels).inc(prompt)
-        if generated:
-            self.gen_tokens.labels(**labels).inc(generated)
-
-    def _tick_prefill(self, rank: int) -> None:
+    def _tick_prefill(self, rank: int, dt: float) -> None:
         h = self.held[rank]
         if self.phase != "healthy":
+            self.idle_publish(rank)
             return
         # Saturated but healthy: rooms finish their transfer and new ones arrive every tick,
         # so the inflight queue drains without ever reaching 0.
-        done = self.rng.randint(1, 3)
-        for _ in range(done):
+        for _ in range(self.rng.randint(1, 3)):
             prompt = self.rng.randint(200, 2000)
-            self.realtime_tokens.labels(**self._l(rank), mode="prefill_compute").inc(prompt)
+            self.m.realtime_tokens.labels(**self._l(rank), mode="prefill_compute").inc(prompt)
             self._transfer_done(rank)
             self._finish(rank, prompt=prompt, generated=0)
-        h.update(waiting=self.rng.randint(0, 4), running=self.rng.randint(0, 2),
-                 bootstrap=self.rng.randint(0, 2), inflight=self.rng.randint(1, 6))  # fmt: skip
+        self.batch[rank] = self.rng.randint(0, 2)  # this tick's batch, appended inflight
+        h.update(waiting=self.rng.randint(0, 4), bootstrap=self.rng.randint(0, 2),
+                 inflight=self.rng.randint(1, 4) + self.batch[rank])  # fmt: skip
+        self.publish(rank)
 
-    def _tick_decode(self, rank: int) -> None:
+    def _tick_decode(self, rank: int, dt: float) -> None:
         h = self.held[rank]
         if self.phase == "healthy":
-            finished = self.rng.randint(1, 3)
-            for _ in range(finished):
+            for _ in range(self.rng.randint(1, 3)):
                 self._finish(rank, prompt=self.rng.randint(100, 1000),
                              generated=self.rng.randint(16, 256))  # fmt: skip
-                self.stage_latency.labels(**self._l(rank), stage="decode_transferred").observe(
+                self.m.stage_latency.labels(**self._l(rank), stage="decode_transferred").observe(
                     self.rng.uniform(0.01, 0.2)
                 )
             h.update(running=self.rng.randint(2, 8), transfer=self.rng.randint(0, 2))
             self.tput[rank] = self.rng.uniform(300, 900)
-            self.realtime_tokens.labels(**self._l(rank), mode="decode").inc(
-                int(self.tput[rank] * TICK)
-            )
             self.lens[rank] = h["running"] * self.rng.uniform(500, 1500)
         elif self.phase == "long":
             # Four long requests decoding: tokens flow, nothing finishes, so the tokenizer's
             # finish-time counters stay flat while throughput and sequence lengths move.
             share = self._share(LONG_REQUESTS, rank) / LONG_REQUESTS
             self.tput[rank] = LONG_THROUGHPUT * share * self.rng.uniform(0.9, 1.1)
-            self.lens[rank] += self.tput[rank] * TICK
-            # Per-step token counter of the scheduler (updated each log interval).
-            self.realtime_tokens.labels(**self._l(rank), mode="decode").inc(
-                int(self.tput[rank] * TICK)
-            )
-        else:  # idle, stalled: no decode batch runs, the idle path publishes throughput 0
-            self.tput[rank] = 0.0
-
-    def publish(self) -> None:
-        for rank, h in enumerate(self.held):
-            labels = self._l(rank)
-            queues = ((self.running, "running"), (self.queue, "waiting"),
-                      (self.bootstrap, "bootstrap"), (self.inflight, "inflight"),
-                      (self.prealloc, "prealloc"), (self.transfer, "transfer"))  # fmt: skip
-            for gauge, key in queues:
-                gauge.labels(**labels).set(h[key])
-                if self.priority:  # every request at the default priority 0
-                    gauge.labels(**self._l(rank, "0")).set(h[key])
-            self.throughput.labels(**labels).set(self.tput[rank])
-            self.seq_lens.labels(**labels).set(self.lens[rank])
+            self.lens[rank] += self.tput[rank] * dt
+        else:  # idle, stalled: no decode batch runs; only the idle path may publish
+            self.idle_publish(rank)
+            return
+        # report_decode_stats: realtime tokens every decode step (metrics_reporter.py:901-916)
+        self.m.realtime_tokens.labels(**self._l(rank), mode="decode").inc(int(self.tput[rank] * dt))
+        self.publish(rank)
 
     def state(self) -> dict[str, Any]:
-        held = {k: sum(h[k] for h in self.held) for k in self.held[0]}
+        held = {k: sum(h[k] for h in self.held) for k in QUEUES}
         return {"role": self.role, "phase": self.phase, "held": held, "aborts": self.aborts,
-                "simulated": True}  # fmt: skip
+                "probes": self.probes, "simulated": True}  # fmt: skip
 
 
 async def serve(args: argparse.Namespace, engine: Engine, registry: Any) -> None:
@@ -320,11 +344,15 @@ async def serve(args: argparse.Namespace, engine: Engine, registry: Any) -> None
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     async def metrics(_: web.Request) -> web.Response:
+        engine.metrics_reads += 1
         body = await asyncio.to_thread(generate_latest, registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def ready(_: web.Request) -> web.Response:
         return web.Response(status=200 if engine.warm else 503)
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(status=engine.health(request.path))
 
     async def abort(request: web.Request) -> web.Response:
         try:
@@ -340,7 +368,6 @@ async def serve(args: argparse.Namespace, engine: Engine, registry: Any) -> None
             engine.set_phase(str(json.loads(await request.content.read(1024))["phase"]))
         except (ValueError, KeyError, TypeError) as e:
             return web.Response(status=400, text=str(e))
-        engine.publish()
         return web.json_response(engine.state())
 
     async def state(_: web.Request) -> web.Response:
@@ -348,8 +375,8 @@ async def serve(args: argparse.Namespace, engine: Engine, registry: Any) -> None
 
     app = web.Application(client_max_size=64 * 1024)
     app.add_routes([
-        web.get("/metrics", metrics), web.get("/ready", ready), web.get("/health", ready),
-        web.get("/health_generate", ready), web.post("/abort_request", abort),
+        web.get("/metrics", metrics), web.get("/ready", ready), web.get("/health", health),
+        web.get("/health_generate", health), web.post("/abort_request", abort),
         web.post("/sim/phase", set_phase), web.get("/sim/state", state),
     ])  # fmt: skip
     runner = web.AppRunner(app, access_log=None)
@@ -380,7 +407,6 @@ def main(argv: list[str] | None = None) -> None:
         multiprocess.MultiProcessCollector(registry)
         engine = Engine(args)
         engine.set_phase(os.environ.get(PHASE_ENV, "healthy"))
-        engine.publish()
         asyncio.run(serve(args, engine, registry))
     finally:
         shutil.rmtree(mp_dir, ignore_errors=True)

@@ -20,12 +20,14 @@ LWS_VERSION=v0.9.0
 cache=${PDWARDEN_CACHE:-$HOME/.cache/pdwarden}
 bin=$cache/lws-$LWS_VERSION/bin
 crds=$bin/crds
+mkdir -p "$crds"
+exec 9>"$cache/.build-lws.lock"  # one build at a time per cache (see build.sh)
+flock 9
 if [ -x "$bin/lws-manager" ] && [ -e "$crds/leaderworkerset.x-k8s.io_leaderworkersets.yaml" ]; then
   echo "$bin"
   exit 0
 fi
 say() { printf '[build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-mkdir -p "$crds"
 dir=$(go mod download -json "sigs.k8s.io/lws@$LWS_VERSION" |
   sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 [ -d "$dir" ] || { say "go mod download sigs.k8s.io/lws@$LWS_VERSION gave no module directory"; exit 1; }

@@ -16,6 +16,10 @@ cache=${PDWARDEN_CACHE:-$HOME/.cache/pdwarden}
 bin=$cache/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION/bin
 mkdir -p "$bin"
 export CGO_ENABLED=0 GOFLAGS=-trimpath
+# One build at a time per cache: two `make test` (or a test session and a helper script) on one
+# machine would otherwise compile the same binaries twice and race on their temporary files.
+exec 9>"$cache/.build.lock"
+flock 9
 
 say() { printf '[build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 took() { printf '[build %s] %s built in %ss\n' "$(date +%H:%M:%S)" "$1" "$(( $(date +%s) - $2 ))" >&2; }

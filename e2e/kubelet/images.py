@@ -15,6 +15,10 @@ kubectl            kubectl     ``kubectl``      ``kubectl`` is the pinned kubect
 sglang             sglang-sim  ``python3``      ``python3 -m sglang.launch_server ARGS`` runs the
                                                 SIMULATED SGLang server e2e/sglang_sim.py with the
                                                 same ARGS (no GPU here to run the real one)
+vllm-openai        vllm        ``vllm serve``   REAL vLLM: ``vllm``, ``python``/``python3`` are the
+                                                ones of the stock vLLM CPU venv (e2e/vllm,
+                                                ``make vllm-venv``); the image's own entrypoint is
+                                                ``vllm serve``
 busybox, alpine,   host        ``sh``           the host PATH (for ``sh -c`` glue and tests)
 debian, ubuntu
 =================  ==========  ===============  ===================================================
@@ -39,6 +43,7 @@ IMAGE_TABLE: dict[str, tuple[str, str]] = {
     "python": ("venv", "python"),
     "kubectl": ("kubectl", "kubectl"),
     "sglang": ("sglang-sim", "python3"),
+    "vllm-openai": ("vllm", "vllm serve"),
     "busybox": ("host", "sh"),
     "alpine": ("host", "sh"),
     "debian": ("host", "sh"),
@@ -85,11 +90,13 @@ def resolve_argv(
 ) -> list[str]:
     """Kubernetes semantics: `command` replaces the entrypoint, `args` the image's arguments."""
     runner = runner_for(image)
-    argv = list(command) if command else [runner.entrypoint]
+    argv = list(command) if command else runner.entrypoint.split()
     argv += list(args)
     exe = argv[0]
     if runner.kind == "sglang-sim":
         return _sglang_sim_argv(image, argv)
+    if runner.kind == "vllm":
+        return _vllm_argv(image, argv)
     if "/" in exe:
         return argv
     if runner.kind == "venv" and _PYTHON.match(exe):
@@ -122,3 +129,20 @@ def _sglang_sim_argv(image: str, argv: list[str]) -> list[str]:
         f"image {image!r}: only `python3 -m {SGLANG_SERVER_MODULE}` is simulated locally "
         f"(e2e/sglang_sim.py), not {' '.join(argv[:3])!r}"
     )
+
+
+def _vllm_argv(image: str, argv: list[str]) -> list[str]:
+    """`vllm ...` and `python3 ...` run from the stock vLLM venv; anything else from the host."""
+    from e2e.vllm import venv_dir, venv_ready
+
+    venv = venv_dir()
+    if not venv_ready(venv):
+        raise FileNotFoundError(
+            f"image {image!r} runs stock vLLM from {venv}, which is not built: run `make vllm-venv`"
+        )
+    exe = argv[0]
+    if exe == "vllm":
+        return [str(venv / "bin" / "vllm"), *argv[1:]]
+    if _PYTHON.match(exe):
+        return [str(venv / "bin" / "python"), *argv[1:]]
+    return argv

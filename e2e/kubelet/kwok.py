@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,15 @@ SCALE_POD_PLACEMENT: dict[str, Any] = {
 }
 
 
-def fake_node(name: str, gpus: int) -> dict[str, Any]:
-    capacity = {"cpu": "32", "memory": "256Gi", "pods": "110"}
+def fake_node(name: str, gpus: int, pods: int = 110, pod_cidr: str | None = None) -> dict[str, Any]:
+    capacity = {"cpu": "32", "memory": "256Gi", "pods": str(pods)}
     if gpus:
         capacity["nvidia.com/gpu"] = str(gpus)
+    spec: dict[str, Any] = {
+        "taints": [{"key": ANNOTATION, "value": "fake", "effect": "NoSchedule"}]
+    }
+    if pod_cidr is not None:
+        spec["podCIDR"], spec["podCIDRs"] = pod_cidr, [pod_cidr]
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -51,7 +57,7 @@ def fake_node(name: str, gpus: int) -> dict[str, Any]:
                 "nvidia.com/gpu.present": str(bool(gpus)).lower(),
             },
         },
-        "spec": {"taints": [{"key": ANNOTATION, "value": "fake", "effect": "NoSchedule"}]},
+        "spec": spec,
         "status": {"capacity": capacity, "allocatable": capacity},
     }
 
@@ -65,6 +71,22 @@ STAGE_FILES = (
     "pod/fast/pod-complete.yaml",
     "pod/fast/pod-delete.yaml",
 )
+
+
+def loopback_cidrs(octet: int, first: int = 100) -> Callable[[int], str]:
+    """Pod CIDRs for kwok nodes inside 127.0.0.0/8: node i gets 127.<octet>.<first + i>.0/24.
+
+    kwok gives a pod an IP from its node's spec.podCIDR, so these pods' IPs are loopback
+    addresses that a process on this machine can bind (the fleet bench serves each pod's
+    /metrics there; nothing ever scrapes an address off this machine). `octet` is the local
+    cluster's claimed pod-CIDR octet (controlplane.claim_octet), whose third octets below
+    `first` belong to the local kubelet's nodes. The controller-manager cannot occupy a CIDR
+    outside its --cluster-cidr: it logs an error for these nodes and leaves them alone (backing
+    off), and would refuse to start while they exist, so they are deleted with the nodes.
+    """
+    if not 0 < octet < 256 or not 0 <= first < 256:
+        raise ValueError(f"not a loopback /24 base: 127.{octet}.{first}.0")
+    return lambda i: f"127.{octet}.{first + i}.0/24"
 
 
 def stages_config(version: str = "v0.8.0") -> str:
@@ -96,10 +118,16 @@ class KwokNodes:
         prefix: str = "kwok-gpu-",
         log_path: Path | None = None,
         kwok: str | None = None,
+        pods: int = 110,
+        pod_cidr: Callable[[int], str] | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.names = [f"{prefix}{i}" for i in range(count)]
+        if pod_cidr is not None and count + 100 > 256:
+            raise ValueError(f"{count} nodes do not fit in one loopback /16 of /24s")
         self.gpus = gpus
+        self.pods = pods
+        self.pod_cidr = pod_cidr
         self.log_path = log_path
         self.kwok = kwok or kwok_binary()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -118,8 +146,9 @@ class KwokNodes:
              "--node-lease-duration-seconds=40", "--node-ip=127.0.0.1", "-c", self._config.name],
             stdout=out, stderr=out, start_new_session=True,
         )  # fmt: skip
-        for name in self.names:
-            body = fake_node(name, self.gpus)
+        for i, name in enumerate(self.names):
+            cidr = self.pod_cidr(i) if self.pod_cidr is not None else None
+            body = fake_node(name, self.gpus, self.pods, cidr)
             try:
                 self.api.create_node(body, _request_timeout=30)  # type: ignore[arg-type]
             except ApiException as e:

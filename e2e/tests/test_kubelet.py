@@ -17,9 +17,11 @@ import yaml
 from e2e.fixtures import Cluster
 from e2e.kubelet.logs import read_log
 
+from pdwarden.constants import CONDITION_SERVING
+
 pytestmark = pytest.mark.cluster
 
-GATE = "pdwarden.dev/serving"
+GATE = CONDITION_SERVING
 
 
 def apply(cluster: Cluster, ns: str, *docs: dict[str, Any]) -> None:

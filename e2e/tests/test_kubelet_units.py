@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import ipaddress
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e import vllm
 from e2e.kubelet import images, podips
 from e2e.kubelet.expand import expand, substitute_paths
 from e2e.kubelet.probes import ProbeSpec, ProbeState
 from e2e.kubelet.status import ContainerView, conditions, phase
 from e2e.kubelet.volumes import field_value
+
+from pdwarden.constants import CONDITION_SERVING
 
 
 @pytest.mark.parametrize(
@@ -77,6 +81,28 @@ def test_unknown_image_is_refused_with_advice() -> None:
         images.runner_for("nginx:1.27")
 
 
+def test_vllm_image_runs_the_stock_vllm_venv(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`vllm/vllm-openai` runs the real vLLM of the cached venv: its entrypoint `vllm serve`,
+    `python3 -m vllm...` with that venv's interpreter; an unbuilt venv is a clear start error."""
+    monkeypatch.setenv("PDWARDEN_CACHE", str(tmp_path))
+    image = "docker.io/vllm/vllm-openai:v0.32.0"
+    assert images.runner_for(image).kind == "vllm"
+    with pytest.raises(FileNotFoundError, match="make vllm-venv"):
+        images.resolve_argv(image, [], ["--port", "9"], None, "")
+    venv = vllm.venv_dir()
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "vllm").write_text("#!/bin/sh\n")
+    (venv / "bin" / "vllm").chmod(0o755)
+    (venv / ".pdwarden-complete").write_text("")
+    assert images.resolve_argv(image, [], ["m", "--port", "9"], None, "") == [
+        str(venv / "bin" / "vllm"), "serve", "m", "--port", "9",
+    ]  # fmt: skip
+    argv = images.resolve_argv(image, ["python3", "-m", "vllm.entrypoints.cli.main"], [], None, "")
+    assert argv == [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.cli.main"]
+
+
 def test_python_runs_the_venv_interpreter_and_command_replaces_entrypoint() -> None:
     argv = images.resolve_argv("python:3.11", ["python3", "-m", "http.server"], ["8080"], None, "")
     assert argv == [sys.executable, "-m", "http.server", "8080"]
@@ -88,7 +114,7 @@ POD: dict[str, Any] = {
     "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": {"app": "x"}},
     "spec": {
         "nodeName": "gpu-node-0",
-        "readinessGates": [{"conditionType": "pdwarden.dev/serving"}],
+        "readinessGates": [{"conditionType": CONDITION_SERVING}],
     },
     "status": {"podIP": "10.244.0.2", "hostIP": "127.0.0.1", "conditions": []},
 }
@@ -134,7 +160,7 @@ def test_ready_needs_containers_and_every_readiness_gate() -> None:
     assert c["Ready"]["reason"] == "ReadinessGatesNotReady"
     gate_true = {
         **POD,
-        "status": {"conditions": [{"type": "pdwarden.dev/serving", "status": "True"}]},
+        "status": {"conditions": [{"type": CONDITION_SERVING, "status": "True"}]},
     }
     assert conds(gate_true, [running()])["Ready"]["status"] == "True"
     assert conds(gate_true, [running(ready=False)])["Ready"]["status"] == "False"

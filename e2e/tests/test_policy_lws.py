@@ -37,7 +37,7 @@ from e2e.policy_pool import (
     start_pool,
 )
 
-from pdwarden.constants import LABEL_SERVING
+from pdwarden.constants import LABEL_SERVING, WORKER_PORT
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 APP = "lws"
@@ -186,7 +186,7 @@ def test_enforce_evicts_the_stalled_leader_and_lws_recreates_its_group(pool: Poo
     pool.wait_ready()
     ips = {p["status"]["podIP"] for p in pool.pods("decode")}
     served = {pool.generate(f"after the restart {i}").get("decode") for i in range(6)}
-    assert served <= {f"http://{ip}:8000" for ip in ips} and None not in served
+    assert served <= {f"http://{ip}:{WORKER_PORT}" for ip in ips} and None not in served
 
 
 def test_a_cordoned_leader_is_uncordoned_after_a_healthy_window(pool: Pool) -> None:

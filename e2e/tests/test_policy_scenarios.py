@@ -37,7 +37,7 @@ from e2e.policy_pool import (
     start_pool,
 )
 
-from pdwarden.constants import LABEL_SERVING
+from pdwarden.constants import LABEL_SERVING, WORKER_PORT
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -101,7 +101,7 @@ def test_enforce_cordons_by_label_and_evicts_the_stalled_decode(pool: Pool) -> N
     for i in range(6):  # the router's view dropped it too (its selector includes the label)
         answer = pool.generate(f"while cordoned {i}")
         assert answer.get("ok") is True, answer
-        assert answer["decode"] == f"http://{healthy}:8000"
+        assert answer["decode"] == f"http://{healthy}:{WORKER_PORT}"
     pool.apply_policy(mode="Enforce")  # restartAfterSeconds back to RESTART_AFTER
 
     def replaced() -> Any:
@@ -195,7 +195,7 @@ def test_enforce_fails_exactly_the_wedged_rooms(pool: Pool) -> None:
     race = Pool(pool.cluster, pool.ns, token, pool.operator, app="race")
     race.wait_ready()
     apply(pool.cluster, pool.ns, policy_doc("race", "race", mode="Enforce"))
-    prefill_url = f"http://{race.pods('prefill')[0]['status']['podIP']}:8000"
+    prefill_url = f"http://{race.pods('prefill')[0]['status']['podIP']}:{WORKER_PORT}"
     stuck: list[dict[str, Any]] = []
     for _ in range(4):  # storms until the race leaves rooms stuck in the inflight queue
         with tempfile.TemporaryDirectory() as tmp:

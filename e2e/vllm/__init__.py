@@ -1,0 +1,67 @@
+"""Stock vLLM (CPU build) for the e2e tier: where its venv and tiny model live, how to get them.
+
+Why: the vLLM tier runs real `vllm serve` processes, which need a venv of their own (vLLM pins a
+torch the project's worker does not use) and a model directory (nothing may come from a model
+hub). Both are built once into the cache outside the repository (like the control plane's
+binaries) and reused warm: `build.sh` makes the venv, `tinymodel.py` the model. The pinned
+versions live in `versions.env`, read by both the shell and this module.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BUILD_SCRIPT = HERE / "build.sh"
+VERSIONS_FILE = HERE / "versions.env"
+# The image repository the local kubelet maps onto the venv's `vllm` (e2e/kubelet/images.py).
+IMAGE_SUFFIX = "vllm-openai"
+# Environment a vLLM process needs here so it never reaches for a hub or phones home.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+def versions() -> dict[str, str]:
+    """`versions.env` as a dict (KEY=VALUE lines, # comments)."""
+    out: dict[str, str] = {}
+    for raw in VERSIONS_FILE.read_text().splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("PDWARDEN_CACHE") or Path.home() / ".cache" / "pdwarden")
+
+
+def venv_dir() -> Path:
+    """Where build.sh puts the venv (same formula as the script)."""
+    v = versions()
+    name = f"vllm-{v['VLLM_VERSION']}-torch-{v['TORCH_VERSION']}-nixl-{v['NIXL_VERSION']}"
+    return cache_root() / name
+
+
+def venv_ready(venv: Path | None = None) -> bool:
+    venv = venv or venv_dir()
+    return (venv / ".pdwarden-complete").exists() and os.access(venv / "bin" / "vllm", os.X_OK)
+
+
+def ensure_venv(timeout: float = 3600) -> Path:
+    """Build (or reuse) the venv; raise RuntimeError with the build's tail if it fails."""
+    if venv_ready():
+        return venv_dir()
+    out = subprocess.run(
+        [str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{BUILD_SCRIPT} failed ({out.returncode}): {out.stderr[-2000:]}")
+    return Path(out.stdout.strip().splitlines()[-1])

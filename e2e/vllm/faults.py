@@ -1,0 +1,46 @@
+"""Fault injection into a real vLLM pod of the local cluster, from outside: signals only.
+
+Why signals: the issue asks for real hangs, never a patched vLLM. A `vllm serve` pod here is a
+process group (the local kubelet starts each container in its own session): its leader is the
+API server, its other members the EngineCore and Worker processes that vLLM spawns. Stopping
+every member but the leader is "the engine frozen behind a live API server": /health and
+/metrics keep answering (research: a hung engine keeps /health 200), no step runs, and the
+Worker's NIXL agent no longer serves the reads a decode posts against its blocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+from e2e.kubelet.process import MARKER_ENV
+
+
+def pod_processes(uid: str) -> list[int]:
+    """Live processes the local kubelet started for the pod with this uid (its env marker)."""
+    marker = f"{MARKER_ENV}={uid}".encode()
+    out = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError):
+            if marker in environ.read_bytes().split(b"\0"):
+                out.append(int(environ.parent.name))
+    return sorted(out)
+
+
+def freeze_engine(uid: str) -> list[int]:
+    """SIGSTOP the pod's engine processes (every member but the API server, the group leader);
+    returns their pids. AssertionError if the pod has no engine process to freeze."""
+    engine = [pid for pid in pod_processes(uid) if os.getpgid(pid) != pid]
+    assert engine, f"pod {uid} has no engine process besides its API server"
+    for pid in engine:
+        os.kill(pid, signal.SIGSTOP)
+    return engine
+
+
+def thaw(pids: list[int]) -> None:
+    """SIGCONT what is still there (a restarted pod's processes are gone)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
