@@ -92,7 +92,9 @@ SGLANG_KNOBS: dict[str, tuple[str, dict[str, str]]] = {
     "throughput": ("sglang:gen_throughput", {}),
     "decode_tokens": ("sglang:realtime_tokens_total", {"mode": "decode"}),
     "prefill_tokens": ("sglang:realtime_tokens_total", {"mode": "prefill_compute"}),
-    "sent": (f"{_STAGES}_count", {"stage": "prefill_transfer_kv_cache"}),
+    # Rooms whose real KV transfer succeeded (what pdwarden reads; a probe never moves it).
+    "sent": ("sglang:kv_transfer_latency_ms_count", {}),
+    "probe_sent": (f"{_STAGES}_count", {"stage": "prefill_transfer_kv_cache"}),
     "arrived": (f"{_STAGES}_count", {"stage": "decode_transferred"}),
     "transfer_failed": ("sglang:num_transfer_failed_reqs_total", {}),
     "bootstrap_failed": ("sglang:num_bootstrap_failed_reqs_total", {}),

@@ -37,6 +37,7 @@ from pdworker import contract as c
 LOOPBACK = "127.0.0.1"
 TOKEN = "pd-harness-admin-token"
 BOOTSTRAP_TOKEN = "pd-harness-bootstrap-token"
+ALLOW_LOOPBACK = "127.0.0.0/8"  # the bootstrap endpoints a decode here may dial (--prefill-allow)
 VOCAB = "1024"  # every flag set here uses this vocabulary; `load` sends token ids below it
 # Small KV and short deadlines, so a whole test suite fits on two busy cores. Deadlines are short
 # where a test is about a deadline (it sets its own) and otherwise long enough that a starved CI
@@ -222,6 +223,8 @@ class Workers:
         if role == "prefill":
             bootstrap = bootstrap_port or free_port()
             argv += ["--bootstrap-port", str(bootstrap)]
+        else:  # every prefill here is on loopback; `extra` may narrow it (the last one counts)
+            argv += ["--prefill-allow", ALLOW_LOOPBACK]
         if token:
             argv += ["--admin-token-file", str(self.token_file)]
         if bootstrap_token:

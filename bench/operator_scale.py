@@ -32,10 +32,11 @@ from typing import Any
 from bench import common, harness
 from bench._metrics_sim import pod_ip, role_of
 from pdwarden.api import RemediationSpec
-from pdwarden.remediation.detect.rules import PodView, detect
+from pdwarden.remediation.detect.evidence import PodView
+from pdwarden.remediation.detect.rules import detect
 from pdwarden.remediation.policy.plan import DecodePod, plan
-from pdwarden.remediation.scrape.client import Target, WorkerClient
-from pdwarden.remediation.scrape.samples import Sample
+from pdwarden.remediation.scrape.client import WorkerClient
+from pdwarden.values import Sample, Target
 
 INTERVAL = 5.0
 

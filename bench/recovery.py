@@ -48,10 +48,11 @@ from e2e.httpjson import http
 from bench import common, harness
 from bench._metrics_sim import SglangPlayer
 from pdwarden.api import LedgerEntry, RemediationSpec
-from pdwarden.remediation.detect.rules import PodView, detect, working_rooms
+from pdwarden.remediation.detect.evidence import PodView
+from pdwarden.remediation.detect.rules import detect, working_rooms
 from pdwarden.remediation.policy.plan import DecodePod, plan
-from pdwarden.remediation.scrape.client import Target, WorkerClient
-from pdwarden.remediation.scrape.samples import RoomView, Sample
+from pdwarden.remediation.scrape.client import WorkerClient
+from pdwarden.values import RoomView, Sample, Target
 
 SMALL = [
     "--layers", "2", "--heads", "2", "--head-dim", "16", "--page-size", "4", "--vocab", "1024",
