@@ -8,8 +8,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CLUSTER_DIR := .cluster
 
-.PHONY: help venv lint types imports test test-gpu cluster-bin lws-bin cluster-up cluster-down demo bench \
-	bench-gpu crd manifests images
+.PHONY: help venv lint types imports test test-gpu cluster-bin lws-bin vllm-venv cluster-up cluster-down demo bench \
+	bench-gpu bench-fleet crd manifests images
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -38,7 +38,10 @@ cluster-bin:  ## build (or reuse) the Go control-plane binaries in ~/.cache/pdwa
 lws-bin: cluster-bin  ## build (or reuse) LeaderWorkerSet's controller (the LWS policy scenarios) in ~/.cache/pdwarden
 	@e2e/cluster/build-lws.sh >/dev/null
 
-test: lint types imports cluster-bin lws-bin  ## lint, types, import contracts and the whole pytest suite
+vllm-venv:  ## build (or reuse) stock vLLM for CPU + NIXL (the vLLM tier) in ~/.cache/pdwarden
+	@e2e/vllm/build.sh >/dev/null
+
+test: lint types imports cluster-bin lws-bin vllm-venv  ## lint, types, import contracts and the whole pytest suite
 	$(BIN)/python -m pytest
 
 cluster-up: $(STAMP) cluster-bin  ## start the local control plane and kubelet; kubeconfig in .cluster/kubeconfig
@@ -65,6 +68,12 @@ demo: $(STAMP) cluster-bin  ## the main job: wedge a PD deployment on purpose an
 
 bench: $(STAMP) cluster-bin  ## benchmarks; results in bench/results and bench/README.md
 	$(BIN)/python -m bench
+
+# QUICK=1: 10 PDDeployments (and 10 LeaderWorkerSets) of 25 pods, < 10 min on 2 cores. Full: 10, 50
+# and 200 of them (5000 pods each side), 40-80 min. py-spy (PyPI) profiles the operator.
+bench-fleet: $(STAMP) cluster-bin lws-bin  ## the operator at fleet scale on kwok beside LWS; bench/results/fleet[-quick].json
+	@test -x $(BIN)/py-spy || $(BIN)/python -m pip install --quiet py-spy
+	$(BIN)/python -m bench.fleet $(if $(QUICK),--quick)
 
 PYRUN ?= $(BIN)/python
 
