@@ -29,11 +29,26 @@ def pod_processes(uid: str) -> list[int]:
     return sorted(out)
 
 
+def engine_processes(uid: str) -> list[int]:
+    """The pod's engine processes: every member of its process group but the API server."""
+    engine = [pid for pid in pod_processes(uid) if os.getpgid(pid) != pid]
+    assert engine, f"pod {uid} has no engine process besides its API server"
+    return engine
+
+
+def kill_engine(uid: str) -> list[int]:
+    """SIGKILL the pod's engine processes (an engine crash: the API server is left alive)."""
+    engine = engine_processes(uid)
+    for pid in engine:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return engine
+
+
 def freeze_engine(uid: str) -> list[int]:
     """SIGSTOP the pod's engine processes (every member but the API server, the group leader);
     returns their pids. AssertionError if the pod has no engine process to freeze."""
-    engine = [pid for pid in pod_processes(uid) if os.getpgid(pid) != pid]
-    assert engine, f"pod {uid} has no engine process besides its API server"
+    engine = engine_processes(uid)
     for pid in engine:
         os.kill(pid, signal.SIGSTOP)
     return engine

@@ -31,10 +31,11 @@ NAME = "pd"
 # vLLM read was measured to take up to 21 s, and a decode step up to ~28 s.
 SCRAPE, WEDGE_AFTER = 2, 45
 # Enforce with every action (RestartPrefill is opt-in and needs AbortRequests listed): healthy
-# scenarios must draw none, the frozen prefill exactly one. A restarted prefill cold-starts in
-# minutes here: nothing more is done to it for RESTART_AFTER seconds.
+# scenarios must draw none, a frozen engine its repair only. A frozen decode is restarted
+# RESTART_AFTER seconds after its cordon; a restarted pod cold-starts in minutes here, during
+# which it is not ready or stale, and nothing is done to a pod in either state.
 ACTIONS = ["FailRooms", "CordonDecode", "RestartDecode", "AbortRequests", "RestartPrefill"]
-RESTART_AFTER = 600
+RESTART_AFTER = 90
 
 
 @dataclass

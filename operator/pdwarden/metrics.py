@@ -7,20 +7,25 @@ keeps names stable and lets tests read them without starting a server.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import get_args
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from pdwarden.values import CanaryVerdict
 
 # The label values the operator counts under. Declared at start (declare_series) so every
 # series an alert or a dashboard panel reads exists at 0 before the first event: rate() and
 # increase() then see the first one, and "no data" means the operator is not scraped.
 RECONCILE_RESULTS = ("ok", "invalid_spec", "error")
 REMEDIATION_RESULTS = ("succeeded", "failed", "skipped", "dry_run")
-# scrape (one pod), intent (the Pending entry before an action), action (one remediation
-# action), event (posting an Event), cycle / policy_cycle (a whole remediation cycle),
-# status_write, reconcile (a whole pass).
+# scrape (one pod), canary (one canary on a vLLM decode), intent (the Pending entry before an
+# action), action (one remediation action), event (posting an Event), cycle / policy_cycle (a
+# whole remediation cycle), status_write, reconcile (a whole pass).
 STAGES = (
-    "scrape", "intent", "action", "event", "cycle", "policy_cycle", "status_write", "reconcile",
+    "scrape", "canary", "intent", "action", "event", "cycle", "policy_cycle", "status_write",
+    "reconcile",
 )  # fmt: skip
+CANARY_VERDICTS: tuple[str, ...] = get_args(CanaryVerdict)  # alive, dead, unknown
 
 RECONCILES = Counter(
     "pdwarden_reconciles", "Reconcile passes by result (ok, invalid_spec, error).", ["result"]
@@ -71,6 +76,13 @@ WEDGED_ROOMS = Gauge(
     "Rooms wedged now (prefill findings), per PDDeployment or PDRemediationPolicy.",
     ["kind", "namespace", "name"],
 )
+# The confirm stage (remediation.confirm.canary): one per canary on a vLLM decode pod.
+CANARIES = Counter(
+    "pdwarden_canaries",
+    "Canary generations on vLLM decode pods, by verdict (alive: a token came; dead: its API "
+    "server answered and no token came in time; unknown: anything else).",
+    ["verdict"],
+)
 SCRAPE_REFUSED = Counter(
     "pdwarden_scrape_refused",
     "Pods whose /metrics answer went over the byte cap (counted when first seen).",
@@ -119,3 +131,5 @@ def declare_series(actions: Iterable[str], reasons: Iterable[str]) -> None:
         WEDGES_DETECTED.labels(reason)
     for stage in STAGES:
         ERRORS.labels(stage)
+    for verdict in CANARY_VERDICTS:
+        CANARIES.labels(verdict)

@@ -2,10 +2,10 @@
 
 Why: `reconciling`, `remediation` and `handlers` are the code that runs during incidents, so they
 must be testable without a cluster. They depend on these Protocols, which `k8s.KubeClient`,
-`k8s.foreign.ForeignPods`, `remediation.scrape.client.WorkerClient` and the `remediation.act`
-clients satisfy in production and in-memory fakes satisfy in tests (tests/shell), with failures
-injected at will. The values they carry live below, in `values`; nothing here does I/O, and
-nothing here imports a layer above it.
+`k8s.foreign.ForeignPods`, `remediation.scrape.client.WorkerClient`, the `remediation.act`
+clients and `remediation.confirm.canary.Canary` satisfy in production and in-memory fakes
+satisfy in tests (tests/shell), with failures injected at will. The values they carry live
+below, in `values`; nothing here does I/O, and nothing here imports a layer above it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from pdwarden.values import EvictionOutcome, LabelPatch, ScrapeResult, Target
+from pdwarden.values import CanaryResult, EvictionOutcome, LabelPatch, ScrapeResult, Target
 
 Obj = dict[str, Any]
 
@@ -85,3 +85,10 @@ class AdminApi(Protocol):
     async def fail_rooms(self, target: Target, rooms: Sequence[int], token: str | None) -> int: ...
 
     async def close(self) -> None: ...
+
+
+class CanaryApi(Protocol):
+    """One canary generation on a vLLM decode pod, in its tenant's share of connections: is
+    its engine alive behind its API server? Never raises (but cancellation); the verdict says."""
+
+    async def probe(self, target: Target, tenant: str = "") -> CanaryResult: ...

@@ -4,7 +4,7 @@ Why here: `ports` (the Protocols every shell depends on) speaks these types, and
 produce them (`remediation.scrape`, `k8s.foreign`) sit above it. Defining them below both keeps
 every import pointing down: a port never imports the stage that implements it. Nothing here does
 I/O or knows an engine; `remediation.scrape.samples` builds Samples, `k8s.foreign` builds
-EvictionOutcomes, `remediation.act` builds LabelPatches.
+EvictionOutcomes, `remediation.act` builds LabelPatches, `remediation.confirm` CanaryResults.
 """
 
 from __future__ import annotations
@@ -117,3 +117,21 @@ class EvictionOutcome:
 
     result: EvictionResult
     reason: str
+
+
+CanaryVerdict = Literal["alive", "dead", "unknown"]
+
+
+@dataclass(frozen=True)
+class CanaryResult:
+    """What one canary generation on a decode pod found (`remediation.confirm.canary`).
+
+    alive: it answered with a token. dead: its API server answered and the generation did not
+    within the deadline (the engine is frozen behind it). unknown: anything else, which proves
+    nothing either way. `detail` is our own words (never the server's) for the ledger reason,
+    the finding's evidence and the log.
+    """
+
+    pod: str
+    verdict: CanaryVerdict
+    detail: str

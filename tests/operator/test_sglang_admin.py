@@ -202,7 +202,7 @@ def round_with(
     fake: FakeAborter, *targets: Target, api: Recorder | None = None
 ) -> Round[Any, Any, Any]:
     api = api or Recorder()
-    tools = Tools(client=api, workers=None, admin=None, sglang=fake)  # type: ignore[arg-type]
+    tools = Tools(client=api, workers=None, admin=None, sglang=fake, canary=None)  # type: ignore[arg-type]
     kind = DeploymentKind(client=None)  # type: ignore[arg-type]
     seen = Seen(namespace="ns", tenant="t", pods=[], workers=[],
                 targets={t.uid: t for t in targets}, token=None, unjudged=frozenset(),

@@ -5,8 +5,10 @@ code path. They model what the shells rely on and nothing more: a Kubernetes obj
 resourceVersions (a guarded write that is out of date gets 409, as the API server answers),
 merge-patch status writes (lists replaced wholesale, as the real API server does), label
 selectors, UID-preconditioned deletes and Events; and worker pods with metrics, rooms and an
-admin API that fails rooms. Failures are injected per verb (`KubeFake.fail`) or per pod
-(`WorkerFake.raises`), so each test says exactly what goes wrong.
+admin API that fails rooms; vLLM pods whose prefill lets KV leases expire (`LeaseWorkers`);
+and the canary on a vLLM decode (`CanaryFake`). Failures are injected per verb
+(`KubeFake.fail`) or per pod (`WorkerFake.raises`, `CanaryFake.verdicts`), so each test says
+exactly what goes wrong.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 from pdwarden.constants import API_VERSION, CONDITION_SERVING, KIND, LABEL_DEPLOYMENT, LABEL_ROLE
 from pdwarden.k8s import ApiError
-from pdwarden.values import RoomView, Sample, ScrapeResult, Target
+from pdwarden.values import CanaryResult, CanaryVerdict, RoomView, Sample, ScrapeResult, Target
 
 Obj = dict[str, Any]
 
@@ -347,3 +349,51 @@ class WorkerFake:
 
     async def close(self) -> None:
         return None
+
+
+@dataclass
+class LeaseWorkers(WorkerFake):
+    """vLLM pods as their /metrics look: a prefill in `expiring` frees one more request's KV
+    unread at every scrape (vllm:nixl_num_kv_expired_reqs_total rises: LeaseExpired); a decode
+    in `generating` moves its token counter every scrape, the others stay idle and flat (as a
+    decode frozen behind its live API server does)."""
+
+    expiring: set[str] = field(default_factory=set)
+    generating: set[str] = field(default_factory=set)
+    _scrapes: Counter[str] = field(default_factory=Counter)
+
+    def _sample(self, target: Target) -> Sample:
+        self._scrapes[target.pod] += 1
+        n = float(self._scrapes[target.pod])
+        if target.role == "prefill":
+            return Sample(
+                at=time.monotonic(), running=0.0, waiting_queue=0.0, prefill_tokens=500.0,
+                kv_expired=n if target.pod in self.expiring else 0.0, late_notifications=0.0,
+            )  # fmt: skip
+        return Sample(
+            at=time.monotonic(), running=0.0, waiting_queue=0.0, reading_queue=0.0,
+            generated_tokens=10.0 * n if target.pod in self.generating else 100.0,
+        )  # fmt: skip
+
+
+@dataclass
+class CanaryFake:
+    """ports.CanaryApi: `verdicts[pod]` is what a canary on that pod finds (alive when unset);
+    `raises[pod]` an exception it raises instead; `asked` every (pod, address, tenant) asked."""
+
+    verdicts: dict[str, CanaryVerdict] = field(default_factory=dict)
+    raises: dict[str, BaseException] = field(default_factory=dict)
+    asked: list[tuple[str, str, str]] = field(default_factory=list)
+    deadline: float = 30.0
+
+    async def probe(self, target: Target, tenant: str = "") -> CanaryResult:
+        self.asked.append((target.pod, target.base, tenant))
+        if target.pod in self.raises:
+            raise self.raises[target.pod]
+        verdict = self.verdicts.get(target.pod, "alive")
+        detail = {
+            "alive": "a token in 0.1s",
+            "dead": f"no token within {self.deadline:g}s while its API server answers /v1/models",
+            "unknown": "GET /v1/models: HTTP 401",
+        }[verdict]
+        return CanaryResult(target.pod, verdict, detail)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
-from shell_fakes import KubeFake, WorkerFake
+from shell_fakes import CanaryFake, KubeFake, LeaseWorkers, WorkerFake
 
 from pdwarden.constants import (
     ANNOTATION_RESET_BREAKER,
@@ -484,3 +484,29 @@ def test_dry_run_records_a_stalled_decode_once_per_wedge(
     ]
     assert not [e for e in kube.events if e["reason"].startswith("DryRun")]
     assert label(kube, "sgl-decode-1") == "true" and foreign.evicted == []
+
+
+def test_vllm_a_dead_lease_suspect_is_cordoned_by_label_though_no_other_decode_serves(
+    kube: KubeFake,
+) -> None:
+    """The policy runs the same confirm stage: sgl-prefill-0's leases expire, sgl-decode-0 is
+    the one decode not proven alive and its canary gets no token. The two other decodes are not
+    ready, so sgl-decode-0 is the last ready one and the budget (1) is used up: a decode whose
+    engine is dead serves nobody, and it is cordoned all the same."""
+    policy(kube, engine="vllm")
+    for name in ("sgl-decode-1", "sgl-decode-2"):
+        kube.objects[("Pod", "ns", name)]["status"]["conditions"] = [
+            {"type": "Ready", "status": "False"}
+        ]
+    workers = LeaseWorkers(expiring={"sgl-prefill-0"}, generating={"sgl-decode-1", "sgl-decode-2"})
+    canary = CanaryFake(verdicts={"sgl-decode-0": "dead"})
+    state = PolicyState(client=kube, workers=workers, admin=workers, foreign=ForeignFake(kube),
+                        canary=canary)  # fmt: skip
+    cycle(state, kube)
+    cycle(state, kube)
+    uid = kube.obj(POLICY_KIND, "ns", "sgl")["metadata"]["uid"]
+    assert canary.asked == [("sgl-decode-0", f"http://127.0.2.1:{WORKER_PORT}", uid)]
+    assert ledger(kube) == [("CordonDecode", "sgl-decode-0", "Succeeded", False)]
+    assert label(kube, "sgl-decode-0") == "false"
+    entry = status(kube)["remediation"]["history"][0]
+    assert "canary: no token within 30s" in entry["reason"]

@@ -23,11 +23,14 @@ from pdwarden.api.base import StatusModel
 from pdwarden.api.status import MAX_HISTORY
 from pdwarden.constants import ANNOTATION_RESET_BREAKER, API_VERSION
 from pdwarden.k8s import ApiError
-from pdwarden.ports import KubeApi
+from pdwarden.ports import AdminApi, CanaryApi, KubeApi, WorkerApi
 from pdwarden.remediation import cycle
+from pdwarden.remediation.act.sglang import PrefillAborter, SGLangAdmin
+from pdwarden.remediation.confirm.canary import Canary
 from pdwarden.remediation.record.journal import StatusJournal
 from pdwarden.remediation.record.ledger import missing_from
 from pdwarden.remediation.record.store import StatusCache, write
+from pdwarden.remediation.scrape.client import WorkerClient
 from pdwarden.remediation.seams import Kind, Tools
 from pdwarden.remediation.views import DeploymentMemory
 
@@ -71,6 +74,21 @@ class DaemonState(Protocol[S]):
     def cycles(self) -> Counter[str]: ...
 
     def lock_for(self, uid: str) -> asyncio.Lock: ...
+
+
+def tools_for(
+    client: KubeApi,
+    workers: WorkerApi,
+    admin: AdminApi,
+    sglang: PrefillAborter | None,
+    canary: CanaryApi | None,
+) -> Tools:
+    """The clients a kind's cycles act through. The SGLang abort reads gauges through `workers`,
+    and the vLLM canary holds a slot of the same per-object shares (`scrape.client`): one
+    object's slow pods never take another object's slots. A `workers` that is not the scrape
+    client (a test's fake) gets a canary on a client of its own."""
+    shares = workers if isinstance(workers, WorkerClient) else WorkerClient()
+    return Tools(client, workers, admin, sglang or SGLangAdmin(workers), canary or Canary(shares))
 
 
 def names(body: Mapping[str, Any]) -> tuple[str, str]:

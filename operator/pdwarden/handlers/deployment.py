@@ -22,11 +22,11 @@ import kopf
 from pdwarden import metrics
 from pdwarden.api import InvalidSpec, PDDeploymentSpec, PDDeploymentStatus, parse_spec
 from pdwarden.constants import KIND
-from pdwarden.handlers.cycle import daemon_cycle, names
+from pdwarden.handlers.cycle import daemon_cycle, names, tools_for
 from pdwarden.k8s import ApiError
-from pdwarden.ports import AdminApi, KubeApi, WorkerApi
+from pdwarden.ports import AdminApi, CanaryApi, KubeApi, WorkerApi
 from pdwarden.reconciling.reconcile import PassResult, TransientError, reconcile
-from pdwarden.remediation.act.sglang import PrefillAborter, SGLangAdmin
+from pdwarden.remediation.act.sglang import PrefillAborter
 from pdwarden.remediation.act.worker_admin import WorkerAdmin
 from pdwarden.remediation.kinds.deployment import DeploymentKind
 from pdwarden.remediation.record.ledger import mode_off_status
@@ -51,6 +51,7 @@ class OperatorState:
     workers: WorkerApi = field(default_factory=WorkerClient)
     admin: AdminApi = field(default_factory=WorkerAdmin)
     sglang: PrefillAborter | None = None
+    canary: CanaryApi | None = None  # default: on the tenant shares of `workers`
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     known: set[str] = field(default_factory=set)
     statuses: StatusCache[PDDeploymentStatus] = field(init=False)
@@ -65,9 +66,7 @@ class OperatorState:
     def __post_init__(self) -> None:
         self.statuses = StatusCache(DEPLOYMENT, self.client)
         self.kind = DeploymentKind(self.client, self.token_key)
-        self.tools = Tools(
-            self.client, self.workers, self.admin, self.sglang or SGLangAdmin(self.workers)
-        )
+        self.tools = tools_for(self.client, self.workers, self.admin, self.sglang, self.canary)
 
     def lock_for(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())

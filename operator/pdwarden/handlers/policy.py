@@ -19,10 +19,10 @@ from typing import Any
 from pdwarden import metrics
 from pdwarden.api import InvalidSpec, PDRemediationPolicyStatus, parse_policy_spec
 from pdwarden.constants import POLICY_KIND
-from pdwarden.handlers.cycle import daemon_cycle, names
+from pdwarden.handlers.cycle import daemon_cycle, names, tools_for
 from pdwarden.k8s.events import post_event
-from pdwarden.ports import AdminApi, ForeignPodApi, KubeApi, WorkerApi
-from pdwarden.remediation.act.sglang import PrefillAborter, SGLangAdmin
+from pdwarden.ports import AdminApi, CanaryApi, ForeignPodApi, KubeApi, WorkerApi
+from pdwarden.remediation.act.sglang import PrefillAborter
 from pdwarden.remediation.act.worker_admin import WorkerAdmin
 from pdwarden.remediation.kinds.policy import PolicyKind, effective_policy_spec
 from pdwarden.remediation.record.policy_status import inactive_status
@@ -41,6 +41,7 @@ class PolicyState:
     admin: AdminApi = field(default_factory=WorkerAdmin)
     global_dry_run: bool = False
     sglang: PrefillAborter | None = None
+    canary: CanaryApi | None = None  # default: on the tenant shares of `workers`
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     statuses: StatusCache[PDRemediationPolicyStatus] = field(init=False)
     kind: PolicyKind = field(init=False)
@@ -53,9 +54,7 @@ class PolicyState:
     def __post_init__(self) -> None:
         self.statuses = StatusCache(POLICY, self.client)
         self.kind = PolicyKind(self.client, self.foreign)
-        self.tools = Tools(
-            self.client, self.workers, self.admin, self.sglang or SGLangAdmin(self.workers)
-        )
+        self.tools = tools_for(self.client, self.workers, self.admin, self.sglang, self.canary)
 
     def lock_for(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())

@@ -1,4 +1,5 @@
-"""The remediation pipeline: scrape -> detect -> plan -> act -> record, each stage a subpackage.
+"""The remediation pipeline: scrape -> detect -> (confirm) -> plan -> act -> record, each stage a
+subpackage.
 
 Why: the code that runs during an incident reads in the order it happens; `cycle` (PDDeployment)
 and `policy_cycle` (PDRemediationPolicy) are the shells that fetch, call the stages and write."""

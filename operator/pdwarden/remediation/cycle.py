@@ -1,4 +1,5 @@
-"""The one remediation cycle: observe -> scrape -> detect -> plan -> act -> record, for every kind.
+"""The one remediation cycle: observe -> scrape -> detect -> confirm -> plan -> act -> record,
+for every kind.
 
 Why one: a PDDeployment (pods pdwarden runs) and a PDRemediationPolicy (pods someone else runs)
 differ only in which pods they cover, how a cordon and a restart land, what a cordon needs to be
@@ -20,7 +21,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal
 
@@ -32,7 +33,8 @@ from pdwarden.remediation import recovery
 from pdwarden.remediation.act.done import Done, skipped
 from pdwarden.remediation.detect.rules import Detection, detect
 from pdwarden.remediation.events import announce_new_wedges, announce_refused, report_entry
-from pdwarden.remediation.policy.plan import Action, Plan, plan
+from pdwarden.remediation.policy import canary
+from pdwarden.remediation.policy.plan import Action, DecodePod, Plan, plan
 from pdwarden.remediation.record.ledger import (
     breaker_reset_at,
     ledger_entry,
@@ -59,6 +61,7 @@ from pdwarden.remediation.views import (
     pod_views,
     remember,
 )
+from pdwarden.values import CanaryResult, Target
 
 log = logging.getLogger("pdwarden.remediation.cycle")
 # A test switch, like pdworker's --fault: SIGKILL this process at one point of an action
@@ -122,6 +125,7 @@ async def run(
     annotations = meta.get("annotations") or {}
     reset_at = breaker_reset_at(annotations, meta.get("generation"), shared, r.now)
     decodes, prefills = kind.serving(spec, seen, stale, history, r.now)
+    detection = await confirm(r, detection, decodes, plan_history)
     decision = plan(
         rem, detection, decodes, plan_history, r.now,
         decode_replicas=seen.decode_replicas, breaker_reset_at=reset_at,
@@ -161,6 +165,48 @@ async def scrape_all(workers: WorkerApi, seen: Seen) -> dict[str, Observation]:
     metrics.SCRAPES.inc(len(results))
     metrics.SCRAPE_ERRORS.inc(sum(1 for o in results if o.sample is None))
     return {o.uid: o for o in results}
+
+
+async def confirm(
+    r: Round[Any, Any, Any],
+    detection: Detection,
+    decodes: Sequence[DecodePod],
+    history: Sequence[LedgerEntry],
+) -> Detection:
+    """The confirm stage (engine vllm): a canary on each candidate decode (`policy.canary`), all
+    at once, each under its own deadline, at most one per pod; the verdicts folded into the
+    detection the plan, the status and the Events read. Never raises (but cancellation).
+
+    A dead decode holds this cycle (and the object's lock) for the canary's deadline
+    (`confirm.canary.CANARY_SECONDS`): the price of never calling a slow engine dead. The
+    cycle's clock (`r.now`) was read before, so ages the plan computes are, if anything, short.
+    """
+    dry_run = r.spec.remediation.mode == "DryRun"
+    names = canary.candidates(r.spec.engine, detection, decodes, history, dry_run=dry_run)
+    targets = [t for t in (r.seen.target(n) for n in names) if t is not None]
+    if not targets:
+        return detection
+
+    async def one(t: Target) -> CanaryResult:
+        try:
+            res = await r.tools.canary.probe(t, r.seen.tenant)
+        except Exception as e:  # contained per pod: it proves nothing, nothing else is hurt
+            metrics.ERRORS.labels("canary").inc()
+            why = f"canary failed: {type(e).__name__}: {sanitize.why(e)}"
+            return CanaryResult(t.pod, "unknown", sanitize.text(why, sanitize.MAX_ERROR))
+        # Attributed to the pod asked, whatever the answer says; every string bounded.
+        return CanaryResult(t.pod, res.verdict, sanitize.text(res.detail, sanitize.MAX_ERROR))
+
+    results = await asyncio.gather(*(one(t) for t in targets))
+    for res in results:
+        metrics.CANARIES.labels(res.verdict).inc()
+        if res.verdict != "alive":  # dead is acted on (and warned of); unknown only logged
+            log.log(
+                logging.WARNING if res.verdict == "dead" else logging.INFO,
+                "%s/%s: canary on %s: %s (%s)", r.seen.namespace, r.body["metadata"]["name"],
+                res.pod, res.verdict, res.detail,
+            )  # fmt: skip
+    return canary.with_verdicts(detection, results)
 
 
 async def execute(r: Round[Any, Any, Any], decision: Plan) -> list[LedgerEntry]:

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Generic, Protocol, TypeVar
 
 from pdwarden.api import HeldBack, LedgerEntry, PDDeploymentStatus, RemediationSpec
-from pdwarden.ports import AdminApi, KubeApi, WorkerApi
+from pdwarden.ports import AdminApi, CanaryApi, KubeApi, WorkerApi
 from pdwarden.remediation.act.done import Done
 from pdwarden.remediation.act.sglang import PrefillAborter
 from pdwarden.remediation.detect.rules import Detection
@@ -116,6 +116,7 @@ class Tools:
     workers: WorkerApi
     admin: AdminApi
     sglang: PrefillAborter
+    canary: CanaryApi  # the confirm stage's one-token probe of a vLLM decode
 
 
 def now_utc() -> datetime:

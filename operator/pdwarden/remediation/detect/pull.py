@@ -23,7 +23,12 @@ below cites the vLLM source that makes its signal trustworthy. Checked on real v
   metrics (requests never reach its scheduler: measured running = waiting = 0), so this is the
   only trace. A client that aborts between the two legs expires a lease too, so the finding is
   a suspicion: SUSPECTS are the decode pods whose per-step token counter did not move in the
-  window, for a canary to confirm.
+  window, for a canary to confirm. It is not only reported: the cycle asks each suspect for
+  one token (remediation.confirm.canary). A frozen engine's API server still answers /health
+  200 (AsyncLLM.check_health, v1/engine/async_llm.py:1089, fails only once the engine core
+  died) and GET /v1/models (served from its configuration, entrypoints/openai/models/
+  serving.py:64), but the one-token completion never comes; a decode so confirmed dead gets
+  CordonDecode, then RestartDecode while it stays dead (policy/plan.py, rung 2v).
 * LateNotification (prefill): a decode finished reading blocks the prefill had already freed
   (nixl/pull_worker.py:666 `record_notification_after_expiry`): the decode may have served KV
   the prefill reused. Nothing to repair any more; it is reported (Event, alert). vLLM counts it

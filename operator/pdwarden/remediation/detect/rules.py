@@ -33,7 +33,7 @@ A pod whose metrics are stale or missing is *unknown*: never healthy, never wedg
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pdwarden.constants import ROLE_DECODE, ROLE_PREFILL
@@ -41,7 +41,7 @@ from pdwarden.remediation.detect.evidence import Finding, PodView
 from pdwarden.remediation.detect.evidence import moved as _moved
 from pdwarden.remediation.detect.evidence import window_of as _window
 from pdwarden.remediation.detect.pull import pull_findings
-from pdwarden.values import RoomView, Sample
+from pdwarden.values import CanaryResult, RoomView, Sample
 
 INFLIGHT_PHASE = "inflight"
 FORWARD_PHASE = "forward"
@@ -57,6 +57,15 @@ class Detection:
     # Decode pods with a full window of fresh samples and no stall: positive evidence of health,
     # which is what an uncordon needs (no evidence at all, e.g. after an operator restart, is not).
     healthy_decodes: frozenset[str] = field(default_factory=frozenset)
+    # This cycle's canary verdicts by decode pod (vLLM: remediation.policy.canary folds them in;
+    # a dead one is also in stalled_decodes and never in healthy_decodes).
+    canaries: Mapping[str, CanaryResult] = field(default_factory=dict, hash=False)
+
+    @property
+    def dead_decodes(self) -> frozenset[str]:
+        """Decode pods a canary confirmed dead this cycle: their engine produced no token, so
+        they serve nobody whatever their readiness says."""
+        return frozenset(n for n, c in self.canaries.items() if c.verdict == "dead")
 
     @property
     def wedged_rooms(self) -> int:

@@ -28,11 +28,28 @@ On stock vLLM (the decode PULLS the KV; no rooms API; abort by request id only u
     another prefill is not ready; then nothing for restartAfterSeconds (or the cooldown, if
     longer) while the new pod starts. Deleting the prefill ends the decode's read
     (NIXL_ERR_REMOTE_DISCONNECT); with kv_load_failure_policy recompute the decode recomputes
-    the request instead of failing it. LeaseExpired and LateNotification are reported only.
+    the request instead of failing it. LateNotification is reported only.
+
+A decode whose engine froze behind its live API server shows nothing on its own metrics
+(running = waiting = 0: requests never reach its scheduler) and answers /health 200 (vLLM 0.32
+AsyncLLM.check_health, v1/engine/async_llm.py:1089, fails only once the engine core died); only
+a prefill's LeaseExpired shows it, naming as suspects the decodes whose token counter did not
+move (detect/pull.py). So on vLLM the cycle asks each suspect, and each decode cordoned by us,
+for one token (remediation.confirm.canary: GET /v1/models, which the API server answers from
+its configuration without the engine, entrypoints/openai/models/serving.py:64; then a one-token
+completion under a deadline; folded in by policy.canary) before this plan runs:
+
+2v. A decode the canary confirms dead is stalled for rungs 2-4: CordonDecode, then RestartDecode
+    restartAfterSeconds after the cordon while it stays dead. One it finds alive again is
+    uncordoned as before (healthy for a full window); alive and unknown never start anything.
+    A confirmed-dead decode serves nobody, so it counts neither as serving (it is cordoned even
+    when it is the last ready decode) nor against maxUnavailableDecode (cordoning it takes no
+    capacity away, and it does not use up the budget of the others).
 
 Safety envelope: mode Off/DryRun/Enforce; at most maxUnavailableDecode decode pods cordoned or
-not ready, and never the last ready one; a cooldown per pod; a circuit breaker on actions per
-hour; never an action on, or attributed to, a pod whose metrics are stale.
+not ready, and never the last ready one (rung 2v says why a confirmed-dead decode is neither);
+a cooldown per pod; a circuit breaker on actions per hour; never an action on, or attributed
+to, a pod whose metrics are stale.
 """
 
 from __future__ import annotations
@@ -153,6 +170,12 @@ def _virtual_cordon(history: Sequence[LedgerEntry], pod: str) -> datetime | None
         if e.action == "UncordonDecode":
             return None
     return None
+
+
+def cordoned_at(d: DecodePod, history: Sequence[LedgerEntry], dry_run: bool) -> datetime | None:
+    """Since when the plan counts `d` cordoned: the pod's own state, or in DryRun the recorded
+    decision standing in for it (`_virtual_cordon`)."""
+    return _virtual_cordon(history, d.name) if dry_run else d.cordoned_since
 
 
 def _failed_rooms_for(
@@ -310,20 +333,30 @@ def plan(
         return e is not None
 
     def cordoned_since(d: DecodePod) -> datetime | None:
-        return _virtual_cordon(history, d.name) if dry_run else d.cordoned_since
+        return cordoned_at(d, history, dry_run)
+
+    # Confirmed dead by a canary this cycle (rung 2v): serving nobody, whatever readiness says.
+    dead = detection.dead_decodes
 
     def budget_left() -> int:
         out = {d.name for d in decodes if cordoned_since(d) or not d.ready or d.terminating}
         out |= {a.pod for a in actions if a.kind == "CordonDecode"}
-        return budget - len(out)
+        return budget - len(out - dead)
 
     def serving_left() -> int:
         cordoning = {a.pod for a in actions if a.kind == "CordonDecode"}
         return sum(
             1
             for d in decodes
-            if d.ready and not cordoned_since(d) and not d.terminating and d.name not in cordoning
+            if d.ready
+            and not cordoned_since(d)
+            and not d.terminating
+            and d.name not in cordoning
+            and d.name not in dead
         )
+
+    def canary_says(name: str) -> str:
+        return f"canary: {detection.canaries[name].detail}" if name in detection.canaries else ""
 
     # 1. Fail wedged rooms on prefill.
     repeat_window = now - timedelta(seconds=max(spec.restart_after_seconds, spec.cooldown_seconds))
@@ -410,22 +443,23 @@ def plan(
         if since is None:
             if not (stalled or name in repeat_offenders):
                 continue
-            why = (
-                "decode stalled"
-                if stalled
-                else "wedged rooms point at it again after their rooms were failed"
-            )
+            if name in dead:
+                why = f"engine frozen, {canary_says(name)}"
+            elif stalled:
+                why = "decode stalled"
+            else:
+                why = "wedged rooms point at it again after their rooms were failed"
             if "CordonDecode" not in allowed:
                 held.append(f"CordonDecode {name}: not in spec.remediation.actions")
             elif breaker_open():
                 held.append(f"CordonDecode {name}: remediation suspended by the circuit breaker")
             elif cooling(name):
                 held.append(f"CordonDecode {name}: in cooldown after the last action")
-            elif budget_left() <= 0:
+            elif name not in dead and budget_left() <= 0:
                 held.append(
                     f"CordonDecode {name}: budget of {budget} unavailable decode pods used up"
                 )
-            elif serving_left() <= 1:
+            elif name not in dead and serving_left() <= 1:
                 held.append(f"CordonDecode {name}: it is the last serving decode pod")
             else:
                 actions.append(Action("CordonDecode", name, why, uid=d.uid))
@@ -446,16 +480,20 @@ def plan(
                 held.append(f"RestartDecode {name}: held back ({held_restart.reason}); retried "
                             f"after cooldownSeconds")  # fmt: skip
             else:
+                still = f"still dead, {canary_says(name)}" if name in dead else "still stalled"
                 actions.append(
-                    Action("RestartDecode", name,
-                           f"cordoned {waited:.0f}s ago and still stalled", uid=d.uid)
+                    Action("RestartDecode", name, f"cordoned {waited:.0f}s ago and {still}",
+                           uid=d.uid)
                 )  # fmt: skip
         elif (
             name in detection.healthy_decodes
             and name not in detection.implicated_decodes()
             and not cooling(name)
         ):
-            actions.append(Action("UncordonDecode", name, "healthy for a full window", uid=d.uid))
+            why = "healthy for a full window"
+            if name in detection.canaries:
+                why += f"; {canary_says(name)}"
+            actions.append(Action("UncordonDecode", name, why, uid=d.uid))
     return Plan(
         actions=tuple(actions),
         suspended=state.open,
