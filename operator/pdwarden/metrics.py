@@ -41,6 +41,10 @@ OBJECTS_APPLIED = Counter(
     "pdwarden_objects_applied", "Child objects written with server-side apply, by kind.", ["kind"]
 )
 STATUS_WRITES = Counter("pdwarden_status_writes", "Status patches of PDDeployments.")
+STATUS_READS = Counter(
+    "pdwarden_status_reads",
+    "Objects read again because their resourceVersion could not be ordered against ours.",
+)
 MANAGED = Gauge("pdwarden_managed_deployments", "PDDeployments this operator reconciles.")
 
 REMEDIATIONS = Counter(

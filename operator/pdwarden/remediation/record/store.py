@@ -17,6 +17,7 @@ remediation each own fields) and `POLICY` (one writer per policy: ours, with the
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
@@ -38,6 +39,7 @@ from pdwarden.remediation.record.ledger import merge_history, missing_from, reba
 
 log = logging.getLogger("pdwarden.status")
 MAX_ATTEMPTS: Final = 4
+_COMPARABLE: Final = re.compile(r"[1-9][0-9]*")
 
 S = TypeVar("S", bound=StatusModel)
 
@@ -84,6 +86,17 @@ class Known(Generic[S]):
 def _rv(obj: Mapping[str, Any]) -> str | None:
     rv = (obj.get("metadata") or {}).get("resourceVersion")
     return str(rv) if rv else None
+
+
+def compare_versions(a: str | None, b: str | None) -> int | None:
+    """-1, 0 or 1 as resourceVersion `a` is older than, the same as or newer than `b`; None when
+    either is not comparable. Kubernetes 1.35 makes them comparable between objects of one kind
+    (KEP-5504, GA): decimal integers without leading zeros, ordered by length, then digit by
+    digit. Anything else (absent, another storage's format) is left to a read."""
+    if not (a and b and _COMPARABLE.fullmatch(a) and _COMPARABLE.fullmatch(b)):
+        return None
+    ka, kb = (len(a), a), (len(b), b)
+    return (ka > kb) - (ka < kb)
 
 
 def status_from_body(kind: StatusKind[S], body: Mapping[str, Any]) -> S:
@@ -179,9 +192,11 @@ async def write(
 class StatusCache(Generic[S]):
     """The last status this process wrote or read, per object UID, with its resourceVersion.
 
-    kopf's body lags our own writes by a watch event; the cache bridges that lag, but only while
-    the body shows the same resourceVersion or an older one we cannot tell apart from it: when
-    the two differ the object is read again, so another writer's newer status always wins.
+    kopf's body lags our own writes by a watch event; the cache bridges that lag. Which of the
+    two is newer is told by their resourceVersions, comparable since Kubernetes 1.35 (KEP-5504);
+    the newer one is used, so another writer's newer status always wins and no GET is spent on
+    our own write's echo. Only versions that are not comparable (another storage) are settled
+    by reading the object again.
     """
 
     kind: StatusKind[S]
@@ -194,11 +209,15 @@ class StatusCache(Generic[S]):
         from_body = known_from_body(self.kind, body)
         if cached is None:
             return from_body
-        if (
-            cached.resource_version is not None
-            and cached.resource_version == from_body.resource_version
-        ):
-            return cached
+        order = compare_versions(cached.resource_version, from_body.resource_version)
+        if order is not None and order >= 0:
+            return cached  # the body lags our own write (or is that very write)
+        if order is not None:
+            # Newer than ours: another write (kopf's annotations, another replica) that the
+            # watch has already brought; a GET would tell no more.
+            self.entries[meta["uid"]] = from_body
+            return from_body
+        metrics.STATUS_READS.inc()
         fresh = await read(self.kind, self.client, meta["namespace"], meta["name"])
         self.entries[meta["uid"]] = fresh
         return fresh
