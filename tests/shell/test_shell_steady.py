@@ -50,9 +50,8 @@ def test_a_body_that_lags_our_own_write_costs_no_read_and_a_newer_one_wins() -> 
     state = OperatorState(client=kube, workers=workers, token_key=b"k" * 32)
     stale = kube.obj(KIND, "ns", "pd")
     asyncio.run(reconcile_now(state, stale, force_apply=False))
-    assert kube.obj(KIND, "ns", "pd")["metadata"]["resourceVersion"] != (
-        stale["metadata"]["resourceVersion"]
-    )  # the pass wrote its status: `stale` now lags it
+    written = kube.obj(KIND, "ns", "pd")["metadata"]["resourceVersion"]
+    assert written != stale["metadata"]["resourceVersion"]  # `stale` now lags our write
     gets = kube.calls["get"]
     asyncio.run(remediation_cycle(state, stale))
     asyncio.run(reconcile_now(state, stale, force_apply=False))
