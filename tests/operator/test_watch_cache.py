@@ -127,8 +127,23 @@ def test_our_own_writes_are_folded_in_only_when_newer() -> None:
     cache.written("Pod", newer)
     got = cache.select("Pod", "ns", f"{LABEL_DEPLOYMENT}=pd")
     assert got is not None and got[0]["status"]["conditions"][0]["status"] == "True"
-    cache.written("Pod", pod("new", "pd", rv=50))  # never inserted: only the watch adds
+    cache.written("Pod", pod("new", "pd", rv=50))  # created by us: held before the watch says
+    assert names(cache.select("Pod", "ns", f"{LABEL_DEPLOYMENT}=pd")) == ["a", "new"]
+
+
+def test_a_write_echoed_after_the_watch_saw_the_deletion_does_not_resurrect_the_object() -> None:
+    cache = ObjectCache()
+    cache.replace("Pod", "", [pod("a", "pd", rv=10), pod("b", "pd", rv=11)])
+    cache.apply("Pod", "DELETED", pod("a", "pd", rv=20))
+    cache.written("Pod", pod("a", "pd", rv=15))  # our write, answered before the delete
+    assert names(cache.select("Pod", "ns", f"{LABEL_DEPLOYMENT}=pd")) == ["b"]
+    cache.written("Pod", pod("a", "pd", rv=30))  # created again by us, after the delete
+    assert names(cache.select("Pod", "ns", f"{LABEL_DEPLOYMENT}=pd")) == ["a", "b"]
+    cache.replace("Pod", "", [pod("a", "pd", rv=30)])  # a relist: b went at a version unknown
+    cache.written("Pod", pod("b", "pd", rv=99))
     assert names(cache.select("Pod", "ns", f"{LABEL_DEPLOYMENT}=pd")) == ["a"]
+    cache.apply("Pod", "ADDED", pod("b", "pd", rv=100))  # the watch always wins
+    assert names(cache.select("Pod", "ns", f"{LABEL_DEPLOYMENT}=pd")) == ["a", "b"]
 
 
 def test_wait_change_wakes_on_a_child_event_and_times_out_otherwise() -> None:

@@ -30,6 +30,10 @@ Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name)
 # (api_version, kind) of what the cache holds.
 CACHED_KINDS: Final = (("v1", "Pod"), ("apps/v1", "StatefulSet"), ("apps/v1", "Deployment"))
+# Deletions remembered per kind (a few hours of a fleet's churn); a deletion with no readable
+# version blocks every later echo of our writes for that name until the watch adds it again.
+MAX_TOMBSTONES: Final = 4096
+_NEVER: Final = 1 << 62
 
 
 def trimmed(obj: Obj) -> Obj:
@@ -62,6 +66,7 @@ class _Kind:
     # (namespace, deployment label value) -> names: a deployment's children without a scan.
     by_owner: dict[Key, set[str]] = field(default_factory=dict)
     synced: set[str] = field(default_factory=set)  # scopes listed at least once ("" = all)
+    deleted: dict[Key, int] = field(default_factory=dict)  # key -> resourceVersion of deletion
 
 
 class ObjectCache:
@@ -86,6 +91,7 @@ class ObjectCache:
         for key in [key for key in k.objects if not scope or key[0] == scope]:
             if key not in fresh:
                 self._drop(kind, key)
+                self._tombstone(kind, key, None)  # deleted at a version we were not told
         for obj in fresh.values():
             self._put(kind, obj)
         k.synced.add(scope)
@@ -95,19 +101,24 @@ class ObjectCache:
         self.events += 1
         if event == "DELETED":
             self._drop(kind, _key(obj))
+            self._tombstone(kind, _key(obj), _rv(obj))
         else:
             self._put(kind, trimmed(obj))
 
     def written(self, kind: str, obj: Obj) -> None:
         """An object the API server returned for our own write: folded in at once when it is
-        newer than what is held, so the next pass does not repeat the write before the watch
-        delivers it."""
+        newer than what is held (or than its deletion, when the watch already saw one), so the
+        next pass does not repeat the write before the watch delivers it. A created object
+        counts too: without it every new deployment was applied twice (bench/fleet.py saw the
+        second apply ~2 s after the first, doubling the create cost)."""
         k = self._kinds.get(kind)
-        if k is None or not self.synced(kind, _key(obj)[0]):
+        key = _key(obj)
+        if k is None or not self.synced(kind, key[0]):
             return
-        held = k.objects.get(_key(obj))
-        new, old = _rv(obj), _rv(held)
-        if held is not None and new is not None and old is not None and new > old:
+        held = k.objects.get(key)
+        new = _rv(obj)
+        old = _rv(held) if held is not None else k.deleted.get(key, 0)
+        if new is not None and old is not None and new > old:
             self._put(kind, trimmed(dict(obj)))
 
     def _put(self, kind: str, obj: Obj) -> None:
@@ -121,6 +132,15 @@ class ObjectCache:
         if owner is not None:
             k.by_owner.setdefault((key[0], owner), set()).add(key[1])
             self._bump((key[0], owner))
+
+    def _tombstone(self, kind: str, key: Key, rv: int | None) -> None:
+        """Remember a deletion's version, so a late echo of our own write cannot resurrect the
+        object; bounded, oldest forgotten first."""
+        deleted = self._kinds[kind].deleted
+        deleted.pop(key, None)
+        deleted[key] = rv if rv is not None else _NEVER
+        while len(deleted) > MAX_TOMBSTONES:
+            del deleted[next(iter(deleted))]
 
     def _drop(self, kind: str, key: Key) -> None:
         k = self._kinds[kind]
