@@ -18,15 +18,35 @@ from pathlib import Path
 from e2e.kubelet.process import MARKER_ENV
 
 
+def _session(pid: int) -> int | None:
+    """The session id of a live process (/proc/PID/stat, the field after the pgrp)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[3])
+    return None
+
+
 def pod_processes(uid: str) -> list[int]:
-    """Live processes the local kubelet started for the pod with this uid (its env marker)."""
+    """Live processes of the pod with this uid: every process in the sessions of those that
+    carry the kubelet's env marker.
+
+    The marker alone misses vLLM's engine: EngineCore and Worker call setproctitle, which
+    reuses the memory behind /proc/PID/environ for their long titles (measured: their environ
+    reads as 1297 lines of the title and no marker). Every container leads its own session
+    (e2e/kubelet/process.py) and vLLM never starts one, so the session is the container."""
     marker = f"{MARKER_ENV}={uid}".encode()
-    out = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
+    sessions: set[int] = set()
+    every: dict[int, int] = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        pid = int(proc.name)
+        sid = _session(pid)
+        if sid is None:
+            continue
+        every[pid] = sid
         with contextlib.suppress(OSError):
-            if marker in environ.read_bytes().split(b"\0"):
-                out.append(int(environ.parent.name))
-    return sorted(out)
+            if marker in (proc / "environ").read_bytes().split(b"\0"):
+                sessions.add(sid)
+    return sorted(pid for pid, sid in every.items() if sid in sessions)
 
 
 def engine_processes(uid: str) -> list[int]:
