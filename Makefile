@@ -63,8 +63,9 @@ images:  ## build the operator and worker images (needs a Docker engine)
 	docker build -f images/worker-cpu.Dockerfile -t ghcr.io/pdwarden/pdworker:0.1.0-cpu .
 	docker build -f images/worker-cuda.Dockerfile -t ghcr.io/pdwarden/pdworker:0.1.0-cuda12 .
 
-demo: $(STAMP) cluster-bin  ## the main job: wedge a PD deployment on purpose and watch pdwarden repair it
-	$(BIN)/python -m e2e.demo
+ENGINE ?= pdworker
+demo: $(STAMP) cluster-bin $(if $(filter vllm,$(ENGINE)),vllm-venv)  ## the main job: wedge a PD deployment on purpose and watch pdwarden repair it (ENGINE=vllm: real vLLM pods)
+	$(BIN)/python -m e2e.demo --engine $(ENGINE)
 
 bench: $(STAMP) cluster-bin  ## benchmarks; results in bench/results and bench/README.md
 	$(BIN)/python -m bench

@@ -435,7 +435,15 @@ def main(argv: list[str] | None = None) -> int:
         default=REPO_ROOT / ".cluster",
         help="a local cluster running from here is reused (default .cluster, as make cluster-up)",
     )
+    parser.add_argument(
+        "--engine",
+        choices=("pdworker", "vllm"),
+        default="pdworker",
+        help="pdworker (default) or real vLLM pods (e2e/demo_vllm.py; `make demo ENGINE=vllm`)",
+    )
     args = parser.parse_args(argv)
+    if args.engine == "vllm":
+        return _vllm_main(args)
     keep = args.keep_cluster or os.environ.get("PDWARDEN_DEMO_KEEP") == "1"
     out: Path = args.output.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -482,6 +490,49 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(format_table(summary), flush=True)
     clock.say("done: pdwarden repaired every wedge" if summary["recovered"] else "NOT recovered")
+    return 0 if summary["recovered"] else 1
+
+
+def _vllm_main(args: argparse.Namespace) -> int:
+    """The vLLM story (e2e/demo_vllm.py) on the same cluster and install as the pdworker one."""
+    from e2e.demo_vllm import VllmStory
+
+    clock = Clock()
+    clock.say("pdwarden demo, engine vllm: freeze real vLLM engines, watch pdwarden repair them")
+    if os.environ.get("KUBECONFIG"):
+        clock.say("the vLLM demo signals the pods' processes on this machine: unset KUBECONFIG")
+        return 2
+    keep = args.keep_cluster or os.environ.get("PDWARDEN_DEMO_KEEP") == "1"
+    out: Path = args.output.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    setup: Setup | None = None
+    summary: dict[str, Any] | None = None
+    try:
+        cluster, started = acquire_cluster(clock.say, args.cluster_dir.resolve(), keep)
+        setup = Setup(cluster, clock.say, started_local=started, log_dir=out)
+        install(setup, args.operator)
+        story = VllmStory(setup, clock.say)
+        try:
+            story.run()
+        except Exception as e:
+            story.problems.append(f"the story broke: {type(e).__name__}: {e}")
+            clock.say(f"the story broke: {type(e).__name__}: {e}")
+        summary = story.summary(setup.operator)
+        write_json(out / "summary-vllm.json", summary)
+    except KeyboardInterrupt:
+        clock.say("interrupted")
+    except Exception as e:
+        clock.say(f"the demo could not run: {type(e).__name__}: {e}")
+    finally:
+        if setup is not None:
+            teardown(setup, keep)
+    if summary is None:
+        return 1
+    for action in summary["actions"]:
+        clock.say(f"ledger: {action}")
+    for problem in summary["problems"]:
+        clock.say(f"problem: {problem}")
+    clock.say("done: pdwarden repaired both" if summary["recovered"] else "NOT recovered")
     return 0 if summary["recovered"] else 1
 
 
