@@ -442,43 +442,47 @@ def main(argv: list[str] | None = None) -> int:
         help="pdworker (default) or real vLLM pods (e2e/demo_vllm.py; `make demo ENGINE=vllm`)",
     )
     args = parser.parse_args(argv)
+    clock = Clock()
     if args.engine == "vllm":
-        return _vllm_main(args)
+        clock.say("pdwarden demo, engine vllm: freeze real vLLM engines, watch pdwarden mend them")
+        if os.environ.get("KUBECONFIG"):
+            clock.say("the vLLM demo signals the pods' processes on this machine: unset KUBECONFIG")
+            return 2
+        summary = _staged(args, clock, _vllm_story)
+        for line in (summary or {}).get("actions", []):
+            clock.say(f"ledger: {line}")
+        for line in (summary or {}).get("problems", []):
+            clock.say(f"problem: {line}")
+        done = "done: pdwarden repaired both"
+    else:
+        clock.say(
+            "pdwarden demo: wedge a prefill/decode deployment on purpose, watch pdwarden repair it"
+        )
+        summary = _staged(args, clock, _pdworker_story)
+        if summary is not None:
+            print(format_table(summary), flush=True)
+        done = "done: pdwarden repaired every wedge"
+    if summary is None:
+        return 1
+    clock.say(done if summary["recovered"] else "NOT recovered")
+    return 0 if summary["recovered"] else 1
+
+
+Story = Callable[[Setup, Clock, Path], "dict[str, Any] | None"]
+
+
+def _staged(args: argparse.Namespace, clock: Clock, story: Story) -> dict[str, Any] | None:
+    """Acquire a cluster, install, tell `story`, clean up whatever happened; its summary."""
     keep = args.keep_cluster or os.environ.get("PDWARDEN_DEMO_KEEP") == "1"
     out: Path = args.output.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    clock = Clock()
-    clock.say(
-        "pdwarden demo: wedge a prefill/decode deployment on purpose, watch pdwarden repair it"
-    )
     setup: Setup | None = None
     summary: dict[str, Any] | None = None
     try:
         cluster, started = acquire_cluster(clock.say, args.cluster_dir.resolve(), keep)
-        where = "KUBECONFIG" if os.environ.get("KUBECONFIG") else "local"
         setup = Setup(cluster, clock.say, started_local=started, log_dir=out)
         install(setup, args.operator)
-        scenario = Scenario(setup, clock)
-        try:
-            scenario.run()
-        except Exception as e:
-            scenario.problems.append(f"the scenario broke: {type(e).__name__}: {e}")
-            clock.say(f"the scenario broke: {type(e).__name__}: {e}")
-        if scenario.obs is not None:
-            summary = scenario.summary(setup.operator, where)
-            ledger = ledger_times(summary["ledger"])
-            plot_timeline(
-                out / "timeline.png",
-                scenario.observer.samples,
-                ledger,
-                marks=scenario.marks,
-                spans=scenario.spans,
-                t0=clock.t0,
-            )
-            summary["timeline"] = {"t0": clock.t0, "marks": scenario.marks, "spans": scenario.spans}
-            write_json(out / "summary.json", summary)
-            write_samples(out / "samples.jsonl", scenario.observer.samples)
-            clock.say(f"wrote timeline.png, summary.json and samples.jsonl to {out}")
+        summary = story(setup, clock, out)
     except KeyboardInterrupt:
         clock.say("interrupted")
     except Exception as e:
@@ -486,54 +490,49 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if setup is not None:
             teardown(setup, keep)
-    if summary is None:
-        return 1
-    print(format_table(summary), flush=True)
-    clock.say("done: pdwarden repaired every wedge" if summary["recovered"] else "NOT recovered")
-    return 0 if summary["recovered"] else 1
+    return summary
 
 
-def _vllm_main(args: argparse.Namespace) -> int:
+def _pdworker_story(setup: Setup, clock: Clock, out: Path) -> dict[str, Any] | None:
+    where = "KUBECONFIG" if os.environ.get("KUBECONFIG") else "local"
+    scenario = Scenario(setup, clock)
+    try:
+        scenario.run()
+    except Exception as e:
+        scenario.problems.append(f"the scenario broke: {type(e).__name__}: {e}")
+        clock.say(f"the scenario broke: {type(e).__name__}: {e}")
+    if scenario.obs is None:
+        return None
+    summary = scenario.summary(setup.operator, where)
+    ledger = ledger_times(summary["ledger"])
+    plot_timeline(
+        out / "timeline.png",
+        scenario.observer.samples,
+        ledger,
+        marks=scenario.marks,
+        spans=scenario.spans,
+        t0=clock.t0,
+    )
+    summary["timeline"] = {"t0": clock.t0, "marks": scenario.marks, "spans": scenario.spans}
+    write_json(out / "summary.json", summary)
+    write_samples(out / "samples.jsonl", scenario.observer.samples)
+    clock.say(f"wrote timeline.png, summary.json and samples.jsonl to {out}")
+    return summary
+
+
+def _vllm_story(setup: Setup, clock: Clock, out: Path) -> dict[str, Any]:
     """The vLLM story (e2e/demo_vllm.py) on the same cluster and install as the pdworker one."""
     from e2e.demo_vllm import VllmStory
 
-    clock = Clock()
-    clock.say("pdwarden demo, engine vllm: freeze real vLLM engines, watch pdwarden repair them")
-    if os.environ.get("KUBECONFIG"):
-        clock.say("the vLLM demo signals the pods' processes on this machine: unset KUBECONFIG")
-        return 2
-    keep = args.keep_cluster or os.environ.get("PDWARDEN_DEMO_KEEP") == "1"
-    out: Path = args.output.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    setup: Setup | None = None
-    summary: dict[str, Any] | None = None
+    story = VllmStory(setup, clock.say)
     try:
-        cluster, started = acquire_cluster(clock.say, args.cluster_dir.resolve(), keep)
-        setup = Setup(cluster, clock.say, started_local=started, log_dir=out)
-        install(setup, args.operator)
-        story = VllmStory(setup, clock.say)
-        try:
-            story.run()
-        except Exception as e:
-            story.problems.append(f"the story broke: {type(e).__name__}: {e}")
-            clock.say(f"the story broke: {type(e).__name__}: {e}")
-        summary = story.summary(setup.operator)
-        write_json(out / "summary-vllm.json", summary)
-    except KeyboardInterrupt:
-        clock.say("interrupted")
+        story.run()
     except Exception as e:
-        clock.say(f"the demo could not run: {type(e).__name__}: {e}")
-    finally:
-        if setup is not None:
-            teardown(setup, keep)
-    if summary is None:
-        return 1
-    for action in summary["actions"]:
-        clock.say(f"ledger: {action}")
-    for problem in summary["problems"]:
-        clock.say(f"problem: {problem}")
-    clock.say("done: pdwarden repaired both" if summary["recovered"] else "NOT recovered")
-    return 0 if summary["recovered"] else 1
+        story.problems.append(f"the story broke: {type(e).__name__}: {e}")
+        clock.say(f"the story broke: {type(e).__name__}: {e}")
+    summary = story.summary(setup.operator)
+    write_json(out / "summary-vllm.json", summary)
+    return summary
 
 
 if __name__ == "__main__":
