@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import secrets
 import signal
@@ -203,13 +204,15 @@ def histogram(samples: dict[str, float], name: str) -> list[tuple[float, float]]
 def quantile(before: list[tuple[float, float]], after: list[tuple[float, float]],
              q: float) -> float | None:  # fmt: skip
     """The q-quantile of what a histogram observed between two reads: the upper bound of the
-    bucket it falls in (None if nothing was observed)."""
+    bucket it falls in; None if nothing was observed or if it lies above the largest finite
+    bucket (JSON has no infinity)."""
     old = dict(before)
     counts = [(b, c - old.get(b, 0)) for b, c in after]
     n = counts[-1][1] if counts else 0
     if n <= 0:
         return None
-    return next(b for b, c in counts if c >= q * n)
+    bound = next(b for b, c in counts if c >= q * n)
+    return bound if math.isfinite(bound) else None
 
 
 @contextlib.contextmanager
