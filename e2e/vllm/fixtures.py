@@ -60,15 +60,27 @@ class VllmPD:
         return router_url(self.cluster, self.namespace, NAME)
 
 
+@dataclass(frozen=True)
+class VllmModel:
+    venv: Path
+    path: Path  # the tiny model's directory
+
+
 @pytest.fixture(scope="session")
-def vllm_pd(
-    cluster: Cluster, crd: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[VllmPD]:
+def vllm_model() -> VllmModel:
+    """The stock vLLM venv and the tiny model, built once (skips the tier if they cannot be)."""
     try:
         venv = ensure_venv()
     except (RuntimeError, OSError) as exc:
         pytest.skip(f"the stock vLLM venv cannot be built here (make vllm-venv): {exc}")
-    model = ensure_model(venv, cache_root())
+    return VllmModel(venv, ensure_model(venv, cache_root()))
+
+
+@pytest.fixture(scope="session")
+def vllm_pd(
+    cluster: Cluster, crd: str, vllm_model: VllmModel, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VllmPD]:
+    model = vllm_model.path
     ns = create_namespace(cluster, "vllm")
     log = Path(tmp_path_factory.mktemp("vllm")) / "operator.log"
     operator = OperatorProcess(cluster, [ns], log).start()

@@ -1,0 +1,212 @@
+"""A PDRemediationPolicy with `engine: vllm` over a REAL vLLM pair that pdwarden did not create.
+
+The llm-d shape: plain StatefulSets of stock `vllm serve` (the pod templates pdwarden would
+render, made foreign: no owner, no pdwarden label, no readiness gate; `app`/`role` labels
+instead) and no router of ours, requests sent the way llm-d's sidecar sends them (prefill with
+`do_remote_decode`, then decode with the prefill's `kv_transfer_params`). The policy selects the
+pods by label, scrapes them every 2 s and, in Enforce:
+
+1. every selected pod is eligible and a few PD requests draw no finding and no action;
+2. the prefill's engine frozen with a decode's KV read in flight: the policy's KVReadStuck names
+   the prefill and RestartPrefill deletes it, its StatefulSet brings a new one, the request in
+   flight is answered (recomputed) and the pair serves again.
+
+It runs beside the PDDeployment pair of test_vllm_pair.py (idle by then), on the same venv and
+model; only the policy's namespace and operator are its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e.fixtures import Cluster, OperatorProcess
+from e2e.httpjson import http
+from e2e.pdtools import apply, get_json, pod_condition, recorded
+from e2e.policy_pool import open_namespace
+from e2e.vllm.client import PREFILL_PARAMS, metric, pd_complete, url
+from e2e.vllm.faults import freeze_engine, thaw
+from e2e.vllm.fixtures import VllmModel
+from e2e.vllm.pods import HTTP_PORT, SERVED_NAME, STARTUP_SECONDS, pd_deployment
+
+from pdwarden.api import parse_spec
+from pdwarden.render import Owner
+from pdwarden.render.deployment import render_deployment
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.vllm]
+APP = "vllm-foreign"
+SCRAPE, WEDGE_AFTER, RESTART_AFTER = 2, 45, 90
+READING = "vllm:num_requests_kv_fetch_by_stage"
+POLICY_CYCLES = "pdwarden_policy_cycles_total"
+
+
+def foreign_pair(model: str, ns: str) -> list[dict[str, Any]]:
+    """The prefill and decode StatefulSets (and their headless Services) a user runs by hand."""
+    spec = parse_spec(pd_deployment(model, APP)["spec"])
+    out = []
+    for obj in render_deployment(Owner(APP, ns, str(uuid.uuid4())), spec):
+        role = obj["metadata"]["name"].removeprefix(f"{APP}-")
+        if obj["kind"] not in ("StatefulSet", "Service") or role not in ("prefill", "decode"):
+            continue
+        labels = {"app": APP, "role": role}
+        obj["metadata"] = {"name": obj["metadata"]["name"], "labels": labels}
+        if obj["kind"] == "Service":
+            obj["spec"]["selector"] = labels
+        else:
+            obj["spec"]["selector"] = {"matchLabels": labels}
+            template = obj["spec"]["template"]
+            template["metadata"] = {"labels": labels}
+            pod = template["spec"]
+            pod.pop("readinessGates", None)
+            # pdwarden's admin token: vLLM does not read it, and a user's pool has none.
+            pod["volumes"] = [v for v in pod["volumes"] if "secret" not in v]
+            for c in pod["containers"]:
+                mounts = c.get("volumeMounts") or []
+                c["volumeMounts"] = [m for m in mounts if m["name"] in _names(pod["volumes"])]
+        out.append(obj)
+    assert len(out) == 4, [o["metadata"]["name"] for o in out]
+    return out
+
+
+def _names(volumes: list[dict[str, Any]]) -> set[str]:
+    return {v["name"] for v in volumes}
+
+
+def policy(**remediation: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "pdwarden.dev/v1alpha1",
+        "kind": "PDRemediationPolicy",
+        "metadata": {"name": APP},
+        "spec": {
+            "engine": "vllm",
+            "prefillSelector": {"matchLabels": {"app": APP, "role": "prefill"}},
+            "decodeSelector": {"matchLabels": {"app": APP, "role": "decode"}},
+            "metrics": {"port": HTTP_PORT},
+            "remediation": {
+                "scrapeIntervalSeconds": SCRAPE, "wedgeAfterSeconds": WEDGE_AFTER,
+                "restartAfterSeconds": RESTART_AFTER, **remediation,
+            },
+        },
+    }  # fmt: skip
+
+
+class Foreign:
+    def __init__(self, cluster: Cluster, ns: str, operator: OperatorProcess) -> None:
+        self.cluster, self.ns, self.operator = cluster, ns, operator
+
+    def pod(self, role: str) -> dict[str, Any]:
+        items = get_json(self.cluster, self.ns, "pods", "-l", f"app={APP},role={role}")["items"]
+        live = [p for p in items if not p["metadata"].get("deletionTimestamp")]
+        assert len(live) == 1, [p["metadata"]["name"] for p in items]
+        return dict(live[0])
+
+    def ready(self) -> bool:
+        try:
+            pods = [self.pod(r) for r in ("prefill", "decode")]
+        except AssertionError:
+            return False
+        return all(pod_condition(p, "Ready").get("status") == "True" for p in pods)
+
+    def status(self) -> dict[str, Any]:
+        return dict((get_json(self.cluster, self.ns, "pdrp", APP) or {}).get("status") or {})
+
+    def ledger(self) -> list[dict[str, Any]]:
+        return recorded(list((self.status().get("remediation") or {}).get("history") or []))
+
+
+@pytest.fixture(scope="module")
+def foreign(
+    cluster: Cluster, crd: str, vllm_model: VllmModel, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Foreign]:
+    ns = open_namespace(cluster)
+    op = OperatorProcess(cluster, [ns], Path(tmp_path_factory.mktemp("vllmp")) / "op.log").start()
+    try:
+        for obj in foreign_pair(str(vllm_model.path), ns):
+            apply(cluster, ns, obj)
+        pool = Foreign(cluster, ns, op)
+        t0 = time.monotonic()
+        cluster.wait_until("the foreign vLLM pair Ready", pool.ready, STARTUP_SECONDS)
+        print(f"[vllm] foreign pair Ready in {time.monotonic() - t0:.0f}s", flush=True)
+        yield pool
+    finally:
+        op.stop()
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_the_policy_selects_the_pair_and_healthy_requests_draw_nothing(foreign: Foreign) -> None:
+    apply(foreign.cluster, foreign.ns, policy(mode="Enforce", actions=["RestartPrefill"]))
+    prefill_ip, decode_ip = (foreign.pod(r)["status"]["podIP"] for r in ("prefill", "decode"))
+
+    def selected() -> bool:
+        st = foreign.status()
+        roles = [st.get(r) or {} for r in ("prefill", "decode")]
+        return all(r.get("eligible") == 1 for r in roles) and not st.get("refused")
+
+    foreign.cluster.wait_until("both pods selected and eligible", selected, 60)
+    for i in range(3):
+        answer = pd_complete(prefill_ip, decode_ip, f"a healthy request {i}", 8)
+        assert answer.decode["usage"]["completion_tokens"] == 8
+    # A whole wedge window of the policy's cycles after the requests: a finding would be there.
+    foreign.operator.wait_cycles(
+        WEDGE_AFTER // SCRAPE, metric=POLICY_CYCLES, timeout=WEDGE_AFTER * 4
+    )
+    st = foreign.status()
+    assert not st.get("wedges") and not foreign.ledger(), st
+    wedged = next(c for c in st["conditions"] if c["type"] == "Wedged")
+    assert wedged["status"] == "False", wedged
+
+
+def test_a_read_stuck_on_a_frozen_foreign_prefill_restarts_it_through_its_statefulset(
+    foreign: Foreign,
+) -> None:
+    prefill, decode_ip = foreign.pod("prefill"), foreign.pod("decode")["status"]["podIP"]
+    uid, ip = prefill["metadata"]["uid"], prefill["status"]["podIP"]
+    body = {"model": SERVED_NAME, "prompt": "a read the prefill never serves", "max_tokens": 8,
+            "ignore_eos": True}  # fmt: skip
+    first = {**body, "max_tokens": 1, "kv_transfer_params": PREFILL_PARAMS}
+    code, pre = http("POST", url(ip, "/v1/completions"), first, timeout=120)
+    assert code == 200 and isinstance(pre, dict), (code, pre)
+    frozen = freeze_engine(uid)
+    try:
+        answer: list[object] = []
+        second = {**body, "kv_transfer_params": pre["kv_transfer_params"]}
+        leg = threading.Thread(
+            target=lambda: answer.append(
+                http("POST", url(decode_ip, "/v1/completions"), second, timeout=600)
+            ),
+            daemon=True,
+        )
+        leg.start()
+        foreign.cluster.wait_until(
+            "the decode's read in flight",
+            lambda: metric(decode_ip, READING, stage="in_progress") >= 1,
+        )
+        (entry,) = foreign.cluster.wait_until(
+            "the policy's RestartPrefill in its ledger",
+            lambda: [e for e in foreign.ledger() if e["action"] == "RestartPrefill"],
+            WEDGE_AFTER + 20 * SCRAPE + 60,
+        )
+        assert entry["uid"] == uid and entry["reason"].startswith("KVReadStuck on "), entry
+        leg.join(300)
+        assert answer and isinstance(answer[0], tuple), answer
+        code, dec = answer[0]
+        assert code == 200 and isinstance(dec, dict), (code, dec)
+        assert dec["usage"]["completion_tokens"] == 8  # recomputed on the decode
+    finally:
+        thaw(frozen)
+    foreign.cluster.wait_until(
+        "a new prefill pod from the StatefulSet, Ready",
+        lambda: foreign.ready() and foreign.pod("prefill")["metadata"]["uid"] != uid,
+        STARTUP_SECONDS,
+    )
+    prefill_ip = foreign.pod("prefill")["status"]["podIP"]
+    assert (
+        pd_complete(prefill_ip, decode_ip, "serving again", 4).decode["usage"]["completion_tokens"]
+        == 4
+    )
+    assert [e["action"] for e in foreign.ledger()] == ["RestartPrefill"]  # one repair only
