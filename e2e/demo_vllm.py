@@ -27,7 +27,7 @@ from e2e.demo_setup import NAMESPACE, Setup
 from e2e.httpjson import http
 from e2e.pdtools import pods, router_url, status, wait_ready
 from e2e.vllm import cache_root, ensure_venv
-from e2e.vllm.client import PREFILL_PARAMS, metric, pd_complete, url
+from e2e.vllm.client import PREFILL_PARAMS, decode_leg_in_background, metric, pd_complete, url
 from e2e.vllm.faults import freeze_engine, thaw
 from e2e.vllm.pods import SERVED_NAME, STARTUP_SECONDS, pd_deployment
 from e2e.vllm.tinymodel import ensure_model
@@ -131,15 +131,7 @@ class VllmStory:
             return
         frozen = freeze_engine(uid)
         start = time.monotonic()
-        answer: list[object] = []
-        second = {**body, "kv_transfer_params": pre["kv_transfer_params"]}
-        leg = threading.Thread(
-            target=lambda: answer.append(
-                http("POST", url(decode_ip, "/v1/completions"), second, timeout=600)
-            ),
-            daemon=True,
-        )
-        leg.start()
+        leg, answer = decode_leg_in_background(decode_ip, body, pre["kv_transfer_params"])
         try:
             time.sleep(5)
             code, _ = http("GET", url(ip, "/health"), timeout=5)

@@ -17,7 +17,6 @@ model; only the policy's namespace and operator are its own.
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ from e2e.fixtures import Cluster, OperatorProcess
 from e2e.httpjson import http
 from e2e.pdtools import apply, get_json, pod_condition, recorded
 from e2e.policy_pool import open_namespace
-from e2e.vllm.client import PREFILL_PARAMS, metric, pd_complete, url
+from e2e.vllm.client import PREFILL_PARAMS, decode_leg_in_background, metric, pd_complete, url
 from e2e.vllm.faults import freeze_engine, thaw
 from e2e.vllm.fixtures import VllmModel
 from e2e.vllm.pods import HTTP_PORT, SERVED_NAME, STARTUP_SECONDS, pd_deployment
@@ -173,15 +172,7 @@ def test_a_read_stuck_on_a_frozen_foreign_prefill_restarts_it_through_its_statef
     assert code == 200 and isinstance(pre, dict), (code, pre)
     frozen = freeze_engine(uid)
     try:
-        answer: list[object] = []
-        second = {**body, "kv_transfer_params": pre["kv_transfer_params"]}
-        leg = threading.Thread(
-            target=lambda: answer.append(
-                http("POST", url(decode_ip, "/v1/completions"), second, timeout=600)
-            ),
-            daemon=True,
-        )
-        leg.start()
+        leg, answer = decode_leg_in_background(decode_ip, body, pre["kv_transfer_params"])
         foreign.cluster.wait_until(
             "the decode's read in flight",
             lambda: metric(decode_ip, READING, stage="in_progress") >= 1,

@@ -10,6 +10,7 @@ same request then takes to decode, which pulls the KV with a NIXL READ.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,3 +73,20 @@ def metric(pod_ip: str, name: str, **labels: str) -> float:
     ]
     assert found, f"{pod_ip} exposes no {name} with {labels}"
     return sum(found)
+
+
+def decode_leg_in_background(
+    decode_ip: str, body: dict[str, Any], kv_transfer_params: dict[str, Any]
+) -> tuple[threading.Thread, list[object]]:
+    """The decode leg of `body` with the prefill's `kv_transfer_params`, sent from a daemon
+    thread (for a read that may hang); its (status, answer) lands in the returned list."""
+    answer: list[object] = []
+    second = {**body, "kv_transfer_params": kv_transfer_params}
+    leg = threading.Thread(
+        target=lambda: answer.append(
+            http("POST", url(decode_ip, "/v1/completions"), second, timeout=600)
+        ),
+        daemon=True,
+    )
+    leg.start()
+    return leg, answer
