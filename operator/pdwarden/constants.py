@@ -38,6 +38,12 @@ LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 ANNOTATION_TEMPLATE_HASH: Final = f"{GROUP}/template-hash"
 ANNOTATION_RESET_BREAKER: Final = f"{GROUP}/reset-breaker"
 
+# Where worker pods find the tokens pdwarden gives them (Secrets mounted read-only): the admin
+# API's bearer token and the KV-handshake key; the file name in both Secrets.
+ADMIN_TOKEN_KEY: Final = "token"
+ADMIN_TOKEN_DIR: Final = "/var/run/pdwarden/admin"
+BOOTSTRAP_TOKEN_DIR: Final = "/var/run/pdwarden/bootstrap"
+
 # Pod condition listed in decode pods' readinessGates; False = cordoned.
 CONDITION_SERVING: Final = f"{GROUP}/serving"
 

@@ -1,4 +1,4 @@
-"""Every kopf registration of the operator, in one place (STYLE.md: one place registers).
+"""Every kopf registration of the operator, in one place (nothing else registers a handler).
 
 Why a function rather than module-level decorators: `pdwarden run` builds the registry with the
 options it was given (resync period), and tests can build one without side effects on import.
@@ -27,8 +27,8 @@ from pdwarden.constants import (
     POLICY_PLURAL,
     VERSION,
 )
-from pdwarden.handlers import deployment as handlers
-from pdwarden.handlers import policy as policy_handlers
+from pdwarden.handlers import on_deployment as handlers
+from pdwarden.handlers import on_policy as policy_handlers
 from pdwarden.k8s import KubeClient
 from pdwarden.k8s.cache import ObjectCache
 from pdwarden.k8s.cached import CachedKube, Watches
@@ -36,7 +36,7 @@ from pdwarden.k8s.foreign import ForeignPods
 from pdwarden.ports import KubeApi
 from pdwarden.reconciling.resync import ResyncGate
 from pdwarden.remediation.act.worker_admin import WorkerAdmin
-from pdwarden.remediation.scrape.client import DEFAULT_MAX_BODY, WorkerClient
+from pdwarden.remediation.scrape.worker_client import DEFAULT_MAX_BODY, WorkerClient
 from pdwarden.sharding import Shard, owned_by
 
 
@@ -130,7 +130,7 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
     )  # fmt: skip
     async def resync(body: kopf.Body, memo: kopf.Memo, stopped: Any, **_: Any) -> None:
         gate: ResyncGate = memo.gate
-        while not stopped:
+        while not stopped and not handlers.is_gone(memo.state, body):
             if gate.due(body):
                 gate.begin(body)
                 result = None
@@ -140,6 +140,9 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
                     logging.getLogger("pdwarden.main").warning("resync: %s", e)
                 gate.finished(body, result)
             await gate.wait(body)
+        if handlers.is_gone(memo.state, body):  # deleted unseen by kopf: no delete handler
+            handlers.forget(memo.state, body)
+            gate.forget(body["metadata"]["uid"])
 
     @kopf.daemon(
         *resource, registry=registry, id=HANDLER_SCRAPE, cancellation_timeout=2.0,
@@ -151,10 +154,12 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
         # its interval is followed by the next after a fifth of it: an overloaded operator
         # falls behind, it does not spin.
         loop = asyncio.get_running_loop()
-        while not stopped:
+        while not stopped and not handlers.is_gone(memo.state, body):
             started = loop.time()
             interval = await handlers.remediation_cycle(memo.state, body)
             await asyncio.sleep(max(interval / 5, interval - (loop.time() - started)))
+        if handlers.is_gone(memo.state, body):
+            handlers.forget(memo.state, body)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
@@ -183,9 +188,11 @@ def _register_policies(registry: kopf.OperatorRegistry, mine: Any) -> None:
         initial_delay=1.0, when=mine,
     )  # fmt: skip
     async def policy_loop(body: kopf.Body, memo: kopf.Memo, stopped: Any, **_: Any) -> None:
-        while not stopped:
+        while not stopped and not policy_handlers.policy_gone(memo.policies, body):
             interval = await policy_handlers.policy_cycle(memo.policies, body)
             await asyncio.sleep(interval)
+        if policy_handlers.policy_gone(memo.policies, body):
+            policy_handlers.forget_policy(memo.policies, body)
 
     @kopf.on.delete(
         *resource, registry=registry, id=HANDLER_POLICY_FORGET, optional=True, when=mine

@@ -11,7 +11,7 @@ from typing import get_args
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from pdwarden.values import CanaryVerdict
+from pdwarden.values import CanaryVerdict, PairOutcome
 
 # The label values the operator counts under. Declared at start (declare_series) so every
 # series an alert or a dashboard panel reads exists at 0 before the first event: rate() and
@@ -26,6 +26,7 @@ STAGES = (
     "reconcile",
 )  # fmt: skip
 CANARY_VERDICTS: tuple[str, ...] = get_args(CanaryVerdict)  # alive, dead, unknown
+PAIR_OUTCOMES: tuple[str, ...] = get_args(PairOutcome)
 
 RECONCILES = Counter(
     "pdwarden_reconciles", "Reconcile passes by result (ok, invalid_spec, error).", ["result"]
@@ -66,7 +67,9 @@ SCRAPE_CYCLE_SECONDS = Histogram(
 )
 TIME_TO_REMEDIATE = Histogram(
     "pdwarden_time_to_remediate_seconds",
-    "Time wedged rooms had spent in the inflight queue when pdwarden failed them.",
+    "Seconds from the first cycle that found a wedge (a finding on the pod, or naming it as the "
+    "peer) to the repairing action on that pod succeeding; DryRun and held-back decisions are "
+    "not observed.",
     buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
 )
 # Set by every remediation cycle, of both kinds (kind: PDDeployment or PDRemediationPolicy).
@@ -86,6 +89,20 @@ CANARIES = Counter(
     "Canary generations on vLLM decode pods, by verdict (alive: a token came; dead: its API "
     "server answered and no token came in time; unknown: anything else).",
     ["verdict"],
+)
+# The confirm stage's pair canaries (remediation.confirm.pair_canary): their count is their cost.
+PAIR_CANARIES = Counter(
+    "pdwarden_pair_canaries",
+    "Pair canaries sent through a prefill and a decode (one request of one output token each), "
+    "by outcome (decoded; prefill_dead or decode_dead: that leg got no answer in time while the "
+    "pod's counters stood still, canary.failureThreshold times in a row; suspect: the same, "
+    "fewer times in a row so far; unknown: anything else).",
+    ["outcome"],
+)
+PAIR_CANARY_SECONDS = Histogram(
+    "pdwarden_pair_canary_seconds",
+    "Seconds a pair canary took from the prefill leg to the decode's token, when both answered.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32),
 )
 SCRAPE_REFUSED = Counter(
     "pdwarden_scrape_refused",
@@ -137,3 +154,5 @@ def declare_series(actions: Iterable[str], reasons: Iterable[str]) -> None:
         ERRORS.labels(stage)
     for verdict in CANARY_VERDICTS:
         CANARIES.labels(verdict)
+    for outcome in PAIR_OUTCOMES:
+        PAIR_CANARIES.labels(outcome)

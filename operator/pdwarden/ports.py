@@ -2,7 +2,7 @@
 
 Why: `reconciling`, `remediation` and `handlers` are the code that runs during incidents, so they
 must be testable without a cluster. They depend on these Protocols, which `k8s.KubeClient`,
-`k8s.foreign.ForeignPods`, `remediation.scrape.client.WorkerClient`, the `remediation.act`
+`k8s.foreign.ForeignPods`, `remediation.scrape.worker_client.WorkerClient`, the `remediation.act`
 clients and `remediation.confirm.canary.Canary` satisfy in production and in-memory fakes
 satisfy in tests (tests/shell), with failures injected at will. The values they carry live
 below, in `values`; nothing here does I/O, and nothing here imports a layer above it.
@@ -13,7 +13,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from pdwarden.values import CanaryResult, EvictionOutcome, LabelPatch, ScrapeResult, Target
+from pdwarden.values import (
+    CanaryResult,
+    EvictionOutcome,
+    LabelPatch,
+    PairCanary,
+    PairResult,
+    ScrapeResult,
+    Target,
+)
 
 Obj = dict[str, Any]
 
@@ -85,6 +93,16 @@ class AdminApi(Protocol):
     async def fail_rooms(self, target: Target, rooms: Sequence[int], token: str | None) -> int: ...
 
     async def close(self) -> None: ...
+
+
+class PairCanaryApi(Protocol):
+    """One pair canary through a prefill and a decode, in the engine's own PD protocol and in
+    their tenant's share of connections. Never raises (but cancellation); the outcome says."""
+
+    async def pair(
+        self, prefill: Target, decode: Target, canary: PairCanary, tenant: str = "",
+        deadline: float = 8.0,
+    ) -> PairResult: ...  # fmt: skip
 
 
 class CanaryApi(Protocol):

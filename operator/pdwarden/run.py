@@ -22,7 +22,7 @@ from pdwarden import metrics
 from pdwarden.api.status import LedgerAction
 from pdwarden.main import RunConfig, build_registry
 from pdwarden.remediation.detect.evidence import Reason
-from pdwarden.remediation.scrape.client import DEFAULT_MAX_BODY, MAX_BODY_LIMIT
+from pdwarden.remediation.scrape.worker_client import DEFAULT_MAX_BODY, MAX_BODY_LIMIT
 from pdwarden.sharding import Shard, ShardError
 from pdwarden.tokens import TokenKeyError, load_key
 

@@ -40,7 +40,7 @@ class Target:
 class Sample:
     """A worker's queue state at one moment. None = the engine does not report that metric.
 
-    Counters (`scrape.engines.COUNTER_FIELDS`) are compared between samples: any change is
+    Counters (`engines.COUNTER_FIELDS`) are compared between samples: any change is
     movement. `generated_tokens` is only ever fed by a counter that moves on every decode step.
     """
 
@@ -62,10 +62,15 @@ class Sample:
     kv_transfers: float | None = None  # rooms whose KV transfer finished (sent or received)
     # Engines whose decode pulls KV (vLLM): reads this decode posted and waits on the prefill for.
     reading_queue: float | None = None
-    # vLLM prefill (scrape.engines.VLLM): requests whose blocks' lease expired before a decode
+    # vLLM prefill (engines/vllm.py): requests whose blocks' lease expired before a decode
     # read them, and read-done notifications that came after such an expiry (possible corrupted KV).
     kv_expired: float | None = None
     late_notifications: float | None = None
+    # vLLM decode: prompt tokens it computed itself, and those whose KV arrived from a prefill
+    # (`vllm:prompt_tokens_by_source`): with kv_load_failure_policy recompute, a failed read is
+    # recomputed on the decode and the client never sees it.
+    recomputed_tokens: float | None = None
+    transferred_tokens: float | None = None
 
     def queue(self, name: str) -> float:
         value = getattr(self, name)
@@ -135,3 +140,53 @@ class CanaryResult:
     pod: str
     verdict: CanaryVerdict
     detail: str
+
+
+PairOutcome = Literal["decoded", "prefill_dead", "decode_dead", "suspect", "unknown"]
+
+
+@dataclass(frozen=True)
+class PairResult:
+    """What one pair canary found (`remediation.confirm.pair_canary`): decoded (the prefill
+    answered, the decode pulled the KV and answered, in `seconds`); prefill_dead or decode_dead
+    (that leg got no answer within the deadline while the pod's own counters stood still);
+    suspect (such a dead leg, but fewer times in a row than canary.failureThreshold: judged by
+    `decide.pairs.judged`, never by the sender); or unknown (anything else: it proves nothing).
+    `detail` is our own words."""
+
+    prefill: str
+    decode: str
+    outcome: PairOutcome
+    detail: str
+    seconds: float = 0.0
+    # Which legs were answered: what the canary added to each pod's counters (memory.organic).
+    prefill_answered: bool = False
+    decode_answered: bool = False
+
+
+@dataclass(frozen=True)
+class PairCanary:
+    """One engine's pair canary: a request of one output token sent through a prefill and then
+    a decode the way the engine's own router sends it, so the KV really moves between them
+    (remediation/confirm/pair_canary.py sends it). The prompt is token ids, so what one canary
+    adds to each counter is known exactly (`effects`): detection subtracts it, and a canary
+    never reads as progress."""
+
+    prefill_fields: Mapping[str, Any]  # merged into the prefill leg (vLLM: kv_transfer_params)
+    carried: str  # the field of the prefill's answer the decode leg carries on
+    effects: Mapping[str, Mapping[str, float]]  # role -> Sample counter -> added by one canary
+    prompt: tuple[int, ...] = (1, 2, 3, 4)
+    models_path: str = "/v1/models"
+    path: str = "/v1/completions"
+
+    def prefill_body(self, model: str) -> dict[str, Any]:
+        return {"model": model, "prompt": list(self.prompt), "max_tokens": 1, "stream": False,
+                **self.prefill_fields}  # fmt: skip
+
+    def decode_body(self, model: str, answer: Any) -> dict[str, Any] | None:
+        """The decode leg, or None when the prefill's answer lacks what it must carry."""
+        carried = answer.get(self.carried) if isinstance(answer, dict) else None
+        if not isinstance(carried, dict) or not carried:
+            return None
+        return {"model": model, "prompt": list(self.prompt), "max_tokens": 1, "stream": False,
+                self.carried: carried}  # fmt: skip

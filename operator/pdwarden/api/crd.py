@@ -1,7 +1,7 @@
 """Generate the CustomResourceDefinitions (PDDeployment, PDRemediationPolicy) from the models.
 
-Why generated: the models are the single source of truth (STYLE.md §4); `pdwarden crd` prints
-this module's output and crds/<plural>.pdwarden.dev.yaml are that output, committed, with a
+Why generated: the models are the single source of truth (the types are the API); `pdwarden crd`
+prints this module's output and crds/<plural>.pdwarden.dev.yaml are that output, committed, with a
 test that fails on drift. Pure: builds dicts and strings, touches nothing.
 
 Notes for readers of the CRD:

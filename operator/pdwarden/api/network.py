@@ -1,8 +1,8 @@
 """Who besides a PDDeployment's own pods and the operator may reach its prefill and decode pods.
 
 Why a field of its own: the workers' HTTP port serves `/generate` without authentication, so the
-NetworkPolicy the operator renders (render/network.py) admits only the deployment's own pods and
-the operator. A gateway that talks to the workers directly (an inference gateway's endpoint
+NetworkPolicy the operator renders (render/network_policy.py) admits only the deployment's own pods
+and the operator. A gateway that talks to the workers directly (an inference gateway's endpoint
 picker, a second router) has to be named here, explicitly and per deployment, with the same peer
 shape a NetworkPolicy uses. Selectors are refused when empty: an empty one would admit a whole
 namespace or the whole cluster by accident.

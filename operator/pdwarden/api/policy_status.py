@@ -29,6 +29,7 @@ PolicyConditionType = Literal[
     "Degraded",
     "Wedged",
     "RemediationSuspended",
+    "Advisories",
     "Conflict",
     "CordonUnavailable",
 ]
@@ -47,11 +48,11 @@ class PolicyCondition(Condition):
     spec.cordon.serviceRef does not select the serving label, or is missing, or is not named).
     """
 
-    # Wider than Condition.type on purpose: a policy has the PDDeployment's five types and two of
+    # Wider than Condition.type on purpose: a policy has the PDDeployment's six types and two of
     # its own; every other field is Condition's.
     type: PolicyConditionType = Field(  # type: ignore[assignment]
         description=(
-            "Ready, Progressing, Degraded, Wedged, RemediationSuspended, Conflict or "
+            "Ready, Progressing, Degraded, Wedged, RemediationSuspended, Advisories, Conflict or "
             "CordonUnavailable."
         )
     )

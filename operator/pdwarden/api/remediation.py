@@ -12,7 +12,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, WithJsonSchema, field_validator
 
-from pdwarden.api.base import ApiModel, Rule
+from pdwarden.api.base import ApiModel, Rule, nested
 from pdwarden.constants import ANNOTATION_RESET_BREAKER
 
 Mode = Literal["Enforce", "DryRun", "Off"]
@@ -79,7 +79,7 @@ _RESTART_AFTER_SCRAPE = Rule(
 # On the engine's object (PDDeployment, PDRemediationPolicy), not here: it depends on the engine.
 # SGLang restarts a prefill only after aborting its requests did not drain it; vLLM has no abort
 # an operator can call (by request id only, under --enable-scale-out), so there RestartPrefill
-# is the first and only rung (remediation/policy/plan.py, rung 1v).
+# is the first and only rung (remediation/decide/rungs.py, restart_read_peer).
 RESTART_PREFILL_NEEDS_ABORT = Rule(
     cel=(
         "self.engine == 'vllm' || !has(self.remediation) || "
@@ -103,6 +103,58 @@ _RESTART_NEEDS_CORDON = Rule(
     field_path=".actions",
     check=lambda s: "RestartDecode" not in s.actions or "CordonDecode" in s.actions,
 )
+
+
+class CanarySpec(ApiModel):
+    """Pair canaries (engines that support them: vllm): one request of one output token sent
+    through a prefill and a decode the way the engine's own router sends it, so the KV really
+    moves between them. A pod whose own per-step counters stopped moving (canaries never count)
+    is only a suspect until such a canary shows which side no longer answers; an idle pair gets
+    one at most every quietSeconds, so a frozen engine is found without user traffic."""
+
+    enabled: bool = Field(
+        True, description="Send pair canaries (false: suspects wait for wedgeAfterSeconds)."
+    )
+    quiet_seconds: int = Field(
+        10,
+        ge=2,
+        le=3600,
+        description=(
+            "Seconds a pod's own progress counters may stay flat before its pair is asked; also "
+            "the least time between two canaries through the same pod."
+        ),
+    )
+    deadline_seconds: int = Field(
+        8,
+        ge=1,
+        le=120,
+        description=(
+            "Seconds each leg of a canary may take. A leg that gets no answer in time while the "
+            "pod's own counters do not move either is a miss for that side (failureThreshold "
+            "misses in a row: dead); a slow but working engine moves its counters and is never "
+            "called dead."
+        ),
+    )
+    failure_threshold: int = Field(
+        2,
+        ge=1,
+        le=10,
+        description=(
+            "Canaries in a row a side must leave unanswered (its counters still) before it is "
+            "dead and acted on, like a probe's failureThreshold: one stall of a busy engine is "
+            "not a death. Until then it is a suspect, asked again after quietSeconds."
+        ),
+    )
+    first_deadline_seconds: int = Field(
+        30,
+        ge=1,
+        le=300,
+        description=(
+            "Seconds each leg of the first canary through a prefill/decode pair may take (the "
+            "pair's KV handshake happens then: measured at more than 8 s on busy CPU pairs); "
+            "once a canary through the pair decoded, deadlineSeconds applies."
+        ),
+    )
 
 
 class RemediationSpec(ApiModel):
@@ -193,6 +245,8 @@ class RemediationSpec(ApiModel):
             "effect of the last action can be seen first."
         ),
     )
+
+    canary: CanarySpec = nested(CanarySpec)
 
     RULES: ClassVar[tuple[Rule, ...]] = (
         _BUDGET,

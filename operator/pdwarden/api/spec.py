@@ -15,8 +15,8 @@ from pdwarden.api.base import ApiModel, Rule, nested
 from pdwarden.api.network import NetworkSpec
 from pdwarden.api.pools import RouterSpec, WorkerPoolSpec
 from pdwarden.api.remediation import RESTART_PREFILL_NEEDS_ABORT, RemediationSpec
-from pdwarden.api.sglang import SGLangSpec
-from pdwarden.api.vllm import VLLMSpec, owned_flag_rule
+from pdwarden.api.sglang_knobs import SGLangSpec
+from pdwarden.api.vllm_knobs import VLLMSpec, owned_flag_rule
 
 Engine = Literal["pdworker", "sglang", "vllm"]
 DEFAULT_BOOTSTRAP_PORT = 8998
@@ -63,7 +63,7 @@ class TransferSpec(ApiModel):
     )
 
 
-# Flags pdwarden itself puts on an SGLang worker's command line (render/engines.py). SGLang's
+# Flags pdwarden itself puts on an SGLang worker's command line (engines/sglang.py). SGLang's
 # argparse keeps the last of a repeated flag, so a copy in args would silently override the spec
 # (or, for --tp-size, disagree with the GPUs requested); a spec that repeats one is refused.
 # Aliases count: sglang 0.5.23 srt/arg_groups/fields/model.py:51-57 declares `--model` an alias

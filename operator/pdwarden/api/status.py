@@ -13,7 +13,9 @@ from pydantic import AwareDatetime, Field
 
 from pdwarden.api.base import StatusModel
 
-ConditionType = Literal["Ready", "Progressing", "Degraded", "Wedged", "RemediationSuspended"]
+ConditionType = Literal[
+    "Ready", "Progressing", "Degraded", "Wedged", "RemediationSuspended", "Advisories"
+]
 CONDITION_TYPES: tuple[ConditionType, ...] = get_args(ConditionType)
 LedgerAction = Literal[
     "FailRooms",
@@ -37,7 +39,7 @@ class Condition(StatusModel):
     """A metav1.Condition-shaped observation."""
 
     type: ConditionType = Field(
-        description="Ready, Progressing, Degraded, Wedged or RemediationSuspended."
+        description="Ready, Progressing, Degraded, Wedged, RemediationSuspended or Advisories."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(
@@ -99,7 +101,7 @@ class LedgerEntry(StatusModel):
 
     An action is written here as Pending before it touches anything, and completed after; a
     Pending entry that outlives the replica that wrote it is completed by the next one, from
-    what the pods show (see the README, "What a failover may lose").
+    what the pods show (docs/operations.md, "What a failover may lose").
     """
 
     id: str | None = Field(
@@ -171,7 +173,10 @@ class PDDeploymentStatus(StatusModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=len(CONDITION_TYPES),
-        description="Ready, Progressing, Degraded, Wedged, RemediationSuspended.",
+        description=(
+            "Ready, Progressing, Degraded, Wedged, RemediationSuspended, Advisories (pod settings "
+            "that switch an engine's own safety nets off: warnings only)."
+        ),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     prefill: RoleStatus | None = Field(None, description="Prefill pool replicas.")

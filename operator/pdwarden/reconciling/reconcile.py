@@ -26,9 +26,17 @@ from pdwarden.api import (
     parse_spec,
     status_to_wire,
 )
-from pdwarden.constants import FIELD_MANAGER, LABEL_ROLE, ROLE_DECODE, ROLE_PREFILL, ROLE_ROUTER
+from pdwarden.constants import (
+    API_VERSION,
+    FIELD_MANAGER,
+    KIND,
+    LABEL_ROLE,
+    ROLE_DECODE,
+    ROLE_PREFILL,
+    ROLE_ROUTER,
+)
 from pdwarden.k8s import ApiError
-from pdwarden.k8s.events import post_event
+from pdwarden.k8s.event_sink import post_event
 from pdwarden.ownership import Workloads, owned_by, owned_chain
 from pdwarden.ownership import selector as _selector
 from pdwarden.ports import KubeApi
@@ -57,6 +65,11 @@ class TransientError(Exception):
 
 class ConflictError(Exception):
     """A child object's name is taken by an object this PDDeployment does not own."""
+
+
+class OwnerGone(Exception):
+    """The PDDeployment this pass works for no longer exists (or its name holds another
+    incarnation): nothing may be written for it."""
 
 
 @dataclass
@@ -160,6 +173,17 @@ async def _serve_new_decode_pods(client: KubeApi, observed: Observed) -> None:
             log.info("%s/%s: cannot mark serving: %s", namespace, name, e)
 
 
+async def _still_there(client: KubeApi, owner: Owner) -> None:
+    """Raise OwnerGone unless the PDDeployment exists as this incarnation. Asked before a pass
+    that kopf's own handlers did not start writes anything (one GET, only then): kopf never
+    hears of an object deleted while its watch was down (after 410 Gone it lists again, and a
+    list says what exists, not what vanished), so its daemons live on, and such a pass would
+    recreate the children the garbage collector has just removed."""
+    current = await client.get(API_VERSION, KIND, owner.namespace, owner.name)
+    if current is None or (current.get("metadata") or {}).get("uid") != owner.uid:
+        raise OwnerGone(f"{owner.namespace}/{owner.name} (uid {owner.uid}) no longer exists")
+
+
 async def reconcile(
     client: KubeApi,
     body: Mapping[str, Any],
@@ -198,14 +222,18 @@ async def _reconcile_valid(
     everything = force_apply or apply_everything(previous, ctx.generation)
     desired = render_deployment(owner, spec, ctx.operator_namespace)
     observed = await observe(client, owner)
-    if everything or pod_problems(observed.pods):
+    writes = to_apply(desired, observed, everything=everything)
+    secret = everything or pod_problems(observed.pods)
+    if (writes or secret) and not force_apply:
+        await _still_there(client, owner)
+    if secret:
         # With the other non-workload objects (create, update, resume, a spec change, a failing
         # apply), and whenever a pod is failing (a deleted Secret shows as one); not on every
         # resync, where it cost two requests per deployment, answered 409.
         await _ensure_secret(client, owner, ctx.token_key)
     applied: list[str] = []
     apply_error: str | None = None
-    for wave in apply_waves(to_apply(desired, observed, everything=everything)):
+    for wave in apply_waves(writes):
         # A wave's objects at once: a pass is two round trips deep, not one per object (a
         # burst of created deployments waited seconds on sequential applies; issue 27).
         outcomes = await asyncio.gather(*(_apply_one(client, owner, obj) for obj in wave))

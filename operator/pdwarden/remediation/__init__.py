@@ -1,5 +1,6 @@
-"""The remediation pipeline: scrape -> detect -> (confirm) -> plan -> act -> record, each stage a
-subpackage.
+"""The remediation pipeline: scrape -> detect -> (confirm) -> decide -> act -> record, each stage
+a subpackage.
 
-Why: the code that runs during an incident reads in the order it happens; `cycle` (PDDeployment)
-and `policy_cycle` (PDRemediationPolicy) are the shells that fetch, call the stages and write."""
+Why: the code that runs during an incident reads in the order it happens; `cycle` is the one
+shell that fetches, calls the stages and writes, for both kinds of object, through the kind
+adapters in `kinds` (PDDeployment, PDRemediationPolicy)."""

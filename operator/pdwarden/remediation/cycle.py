@@ -1,5 +1,5 @@
 """The one remediation cycle: observe -> scrape -> detect -> confirm -> plan -> act -> record,
-for every kind.
+for every kind (and, beside it, the configuration advisor: warnings that change nothing).
 
 Why one: a PDDeployment (pods pdwarden runs) and a PDRemediationPolicy (pods someone else runs)
 differ only in which pods they cover, how a cordon and a restart land, what a cordon needs to be
@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Generic, Literal
 
 from pdwarden import metrics
@@ -31,10 +33,24 @@ from pdwarden.constants import ANNOTATION_RESET_BREAKER
 from pdwarden.ports import WorkerApi
 from pdwarden.remediation import recovery
 from pdwarden.remediation.act.done import Done, skipped
+from pdwarden.remediation.confirmation import confirm, confirm_pairs
+from pdwarden.remediation.decide import Plan, PlannedAction, plan
+from pdwarden.remediation.detect.advisories import advise
 from pdwarden.remediation.detect.rules import Detection, detect
-from pdwarden.remediation.events import announce_new_wedges, announce_refused, report_entry
-from pdwarden.remediation.policy import canary
-from pdwarden.remediation.policy.plan import Action, DecodePod, Plan, plan
+from pdwarden.remediation.events import (
+    announce_advisories,
+    announce_new_wedges,
+    announce_refused,
+    report_entry,
+)
+from pdwarden.remediation.memory import (
+    DeploymentMemory,
+    Observation,
+    WorkerPod,
+    observation,
+    pod_views,
+    remember,
+)
 from pdwarden.remediation.record.ledger import (
     breaker_reset_at,
     ledger_entry,
@@ -53,15 +69,6 @@ from pdwarden.remediation.seams import (
     Tools,
     now_utc,
 )
-from pdwarden.remediation.views import (
-    DeploymentMemory,
-    Observation,
-    WorkerPod,
-    observation,
-    pod_views,
-    remember,
-)
-from pdwarden.values import CanaryResult, Target
 
 log = logging.getLogger("pdwarden.remediation.cycle")
 # A test switch, like pdworker's --fault: SIGKILL this process at one point of an action
@@ -70,6 +77,16 @@ log = logging.getLogger("pdwarden.remediation.cycle")
 KILL_AT_ENV = "PDWARDEN_FAULT_KILL_AT"
 KillPoint = Literal["intent", "action", "event"]
 Obj = Mapping[str, Any]
+# An action starts only on evidence at most this many scrape intervals old (never less than
+# EVIDENCE_FLOOR seconds): a cycle whose writes the API server answered late (etcd stalled, the
+# API server overloaded) must not carry out, many seconds on, a decision about pods that may
+# have changed since it looked; the next cycle looks again.
+EVIDENCE_INTERVALS = 2
+EVIDENCE_FLOOR = 5.0
+
+
+def evidence_limit(interval: float) -> float:
+    return max(EVIDENCE_INTERVALS * interval, EVIDENCE_FLOOR)
 
 
 @dataclass
@@ -101,7 +118,11 @@ async def run(
     rem = spec.remediation
     seen = await kind.observe(body, spec, mem)
     r = Round(kind, tools, spec, seen, body, now_utc(), mem, journal)
+    # Read from the pods' own settings; reported (a condition, Events), never planned on.
+    advisories = advise(seen.advised(), spec.engine)
+    await announce_advisories(tools.client, body, mem, advisories)
     observations = await scrape_all(tools.workers, seen)
+    evidence_at = time.monotonic()
     interval = rem.scrape_interval_seconds
     remember(mem, list(observations.values()), rem.wedge_after_seconds + 3 * interval)
     await announce_refused(tools.client, body, mem, seen.workers, observations)
@@ -125,7 +146,10 @@ async def run(
     annotations = meta.get("annotations") or {}
     reset_at = breaker_reset_at(annotations, meta.get("generation"), shared, r.now)
     decodes, prefills = kind.serving(spec, seen, stale, history, r.now)
+    confirming = time.monotonic()
     detection = await confirm(r, detection, decodes, plan_history)
+    detection = await confirm_pairs(r, detection, views)
+    evidence_at += time.monotonic() - confirming  # a canary gathers evidence; it does not age it
     decision = plan(
         rem, detection, decodes, plan_history, r.now,
         decode_replicas=seen.decode_replicas, breaker_reset_at=reset_at,
@@ -133,11 +157,11 @@ async def run(
     )  # fmt: skip
     decision = kind.admit(decision, seen)
     await announce_new_wedges(tools.client, body, mem, detection, r.now)
-    done = await execute(r, decision)
+    done = await execute(r, decision, evidence_at=evidence_at)
     status = kind.status(
         previous, spec, seen, detection=detection, decision=decision,
         history=merge_history(history, done), decodes=decodes, done=done, now=r.now,
-        reset_at=reset_at, generation=meta.get("generation"),
+        reset_at=reset_at, generation=meta.get("generation"), advisories=advisories,
     )  # fmt: skip
     metrics.SCRAPE_CYCLE_SECONDS.observe(time.monotonic() - started)
     labels = (kind.name, meta["namespace"], meta["name"])
@@ -167,56 +191,33 @@ async def scrape_all(workers: WorkerApi, seen: Seen) -> dict[str, Observation]:
     return {o.uid: o for o in results}
 
 
-async def confirm(
-    r: Round[Any, Any, Any],
-    detection: Detection,
-    decodes: Sequence[DecodePod],
-    history: Sequence[LedgerEntry],
-) -> Detection:
-    """The confirm stage (engine vllm): a canary on each candidate decode (`policy.canary`), all
-    at once, each under its own deadline, at most one per pod; the verdicts folded into the
-    detection the plan, the status and the Events read. Never raises (but cancellation).
-
-    A dead decode holds this cycle (and the object's lock) for the canary's deadline
-    (`confirm.canary.CANARY_SECONDS`): the price of never calling a slow engine dead. The
-    cycle's clock (`r.now`) was read before, so ages the plan computes are, if anything, short.
-    """
-    dry_run = r.spec.remediation.mode == "DryRun"
-    names = canary.candidates(r.spec.engine, detection, decodes, history, dry_run=dry_run)
-    targets = [t for t in (r.seen.target(n) for n in names) if t is not None]
-    if not targets:
-        return detection
-
-    async def one(t: Target) -> CanaryResult:
-        try:
-            res = await r.tools.canary.probe(t, r.seen.tenant)
-        except Exception as e:  # contained per pod: it proves nothing, nothing else is hurt
-            metrics.ERRORS.labels("canary").inc()
-            why = f"canary failed: {type(e).__name__}: {sanitize.why(e)}"
-            return CanaryResult(t.pod, "unknown", sanitize.text(why, sanitize.MAX_ERROR))
-        # Attributed to the pod asked, whatever the answer says; every string bounded.
-        return CanaryResult(t.pod, res.verdict, sanitize.text(res.detail, sanitize.MAX_ERROR))
-
-    results = await asyncio.gather(*(one(t) for t in targets))
-    for res in results:
-        metrics.CANARIES.labels(res.verdict).inc()
-        if res.verdict != "alive":  # dead is acted on (and warned of); unknown only logged
-            log.log(
-                logging.WARNING if res.verdict == "dead" else logging.INFO,
-                "%s/%s: canary on %s: %s (%s)", r.seen.namespace, r.body["metadata"]["name"],
-                res.pod, res.verdict, res.detail,
-            )  # fmt: skip
-    return canary.with_verdicts(detection, results)
-
-
-async def execute(r: Round[Any, Any, Any], decision: Plan) -> list[LedgerEntry]:
+async def execute(
+    r: Round[Any, Any, Any], decision: Plan, *, evidence_at: float | None = None
+) -> list[LedgerEntry]:
     """Each planned action: its intent on the API server, the action, its entry, its Event.
 
     An intent that cannot be written stops that action before it starts (intent before action,
-    always); DryRun touches nothing and writes no intent.
+    always); DryRun touches nothing and writes no intent. Evidence (gathered at the monotonic
+    `evidence_at`) older than `evidence_limit` stops an action too: before its intent nothing is
+    recorded; after it (the intent's write was answered late) the entry is completed Skipped,
+    without an Event, since nothing happened to anybody.
     """
+    limit = (
+        math.inf
+        if evidence_at is None
+        else evidence_limit(r.spec.remediation.scrape_interval_seconds)
+    )
+
+    def age() -> float:
+        return 0.0 if evidence_at is None else time.monotonic() - evidence_at
+
     out = []
     for action in decision.actions:
+        if age() > limit:
+            metrics.REMEDIATIONS.labels(action.kind, "skipped").inc()
+            log.warning("%s: %s %s not taken: its evidence is %.0fs old (limit %.0fs)",
+                        r.seen.namespace, action.kind, action.pod, age(), limit)  # fmt: skip
+            continue
         entry_id = new_entry_id()
         if not decision.dry_run:
             intent = ledger_entry(
@@ -231,22 +232,44 @@ async def execute(r: Round[Any, Any, Any], decision: Plan) -> list[LedgerEntry]:
                 continue
             r.mem.unrecorded.append(intent)
             _kill_point("intent", action.kind)
-        done = await perform(r, action, decision.dry_run)
+        late = age() > limit  # the intent's write took that long
+        if late:
+            metrics.REMEDIATIONS.labels(action.kind, "skipped").inc()
+            done = skipped(
+                f"its evidence was {age():.0f}s old once its intent was recorded (limit "
+                f"{limit:.0f}s: the API server answered late); the next cycle looks again"
+            )
+        else:
+            done = await perform(r, action, decision.dry_run)
         entry = ledger_entry(
             action, now=r.now, dry_run=decision.dry_run, outcome=done.outcome,
             detail=done.detail, rooms=done.rooms, entry_id=entry_id,
         )  # fmt: skip
         r.mem.unrecorded.append(entry)
+        if done.outcome == "Succeeded" and not decision.dry_run:
+            observe_time_to_remediate(r.mem, action, r.now)
         if done.held is not None:
             r.seen.held.append(done.held)
         _kill_point("action", action.kind)
-        await report_entry(r.tools.client, r.body, entry)
+        if not late:
+            await report_entry(r.tools.client, r.body, entry)
         _kill_point("event", action.kind)
         out.append(entry)
     return out
 
 
-async def perform(r: Round[Any, Any, Any], action: Action, dry_run: bool) -> Done:
+def observe_time_to_remediate(mem: DeploymentMemory, action: PlannedAction, now: datetime) -> None:
+    """How long after its wedge was first found a repairing action landed (uncordoning is no
+    repair). The wedge is the earliest finding still held on the pod or naming it as the peer."""
+    if action.kind == "UncordonDecode":
+        return
+    pods = {action.pod, action.peer} - {None}
+    found = [at for (pod, _, peer), at in mem.first_seen.items() if pod in pods or peer in pods]
+    if found:
+        metrics.TIME_TO_REMEDIATE.observe(max(0.0, (now - min(found)).total_seconds()))
+
+
+async def perform(r: Round[Any, Any, Any], action: PlannedAction, dry_run: bool) -> Done:
     """One action (unless DryRun); never raises, the outcome says what happened."""
     if dry_run:
         metrics.REMEDIATIONS.labels(action.kind, "dry_run").inc()
@@ -261,7 +284,7 @@ async def perform(r: Round[Any, Any, Any], action: Action, dry_run: bool) -> Don
     return done
 
 
-async def _dispatch(r: Round[Any, Any, Any], action: Action) -> Done:
+async def _dispatch(r: Round[Any, Any, Any], action: PlannedAction) -> Done:
     seen, tools = r.seen, r.tools
     if action.kind == "FailRooms":
         target = seen.target(action.pod)
@@ -276,8 +299,8 @@ async def _dispatch(r: Round[Any, Any, Any], action: Action) -> Done:
             return skipped("the prefill pod has no address (not running)", 0)
         key = await r.kind.sglang_key(r.spec, seen)
         report = await tools.sglang.abort_all(target, key, seen.tenant)
-        # abort_all is the narrowest call SGLang 0.5.23 offers (act/sglang.py says why), so the
-        # entry and its Event say what it cost: every request the prefill held, and how many of
+        # abort_all is the narrowest call SGLang 0.5.23 offers (act/sglang_abort.py says why), so
+        # the entry and its Event say what it cost: every request the prefill held, and how many of
         # those were healthy given the rooms the finding counted wedged.
         detail = report.detail(f"{action.pod} ({target.base})", wedged=action.room_count)
         return Done(detail=detail, rooms=report.aborted)

@@ -1,9 +1,10 @@
-"""The Events a remediation cycle posts: a new wedge once, and every ledger entry once.
+"""The Events a remediation cycle posts: a new wedge once, every ledger entry once, and each
+configuration advisory once per pod while it lasts.
 
 Why its own module: Events are what users read first (`kubectl describe`), and they must follow
 the ledger exactly: an action's Events are named after its ledger entry, so the replica that
 completes an action a dead one started posts them if they are missing and the API server refuses
-a second copy (409), which reads as already posted. Posting never raises (k8s.events).
+a second copy (409), which reads as already posted. Posting never raises (k8s.event_sink).
 """
 
 from __future__ import annotations
@@ -15,14 +16,17 @@ from typing import Any, Literal
 
 from pdwarden import metrics
 from pdwarden.api import LedgerEntry
-from pdwarden.k8s.events import post_event
+from pdwarden.k8s.event_sink import post_event
 from pdwarden.ports import KubeApi
+from pdwarden.remediation.detect.advisories import PodAdvice
 from pdwarden.remediation.detect.rules import Detection
-from pdwarden.remediation.scrape import sanitize
-from pdwarden.remediation.views import DeploymentMemory, Observation, WorkerPod, new_findings
+from pdwarden.remediation.memory import DeploymentMemory, Observation, WorkerPod, new_findings
 
 log = logging.getLogger("pdwarden.remediation.events")
 MAX_NAME_STEM = 200  # an Event name is a DNS subdomain (253); the entry id is appended
+# New advisory Events per cycle: a fleet whose pods all carry one flag is announced over a few
+# cycles instead of in one burst at the API server.
+MAX_ADVISORY_EVENTS = 16
 
 
 def event_name(involved: str, entry: LedgerEntry) -> str | None:
@@ -54,8 +58,6 @@ async def announce_new_wedges(
     """A WedgeDetected Event the first cycle a finding is seen (not every cycle)."""
     for f in new_findings(mem.first_seen, detection, now):
         metrics.WEDGES_DETECTED.labels(f.reason).inc()
-        if f.reason in ("InflightStuck", "PeerIncarnationGone"):
-            metrics.TIME_TO_REMEDIATE.observe(sanitize.seconds(f.oldest_seconds))
         await post_event(
             client, dict(body), "WedgeDetected", f"{f.reason} on {f.pod}: {f.evidence}", "Warning"
         )
@@ -82,3 +84,29 @@ async def announce_refused(
             "value metrics.maxBytes) or reduce what the pod exports", "Warning",
         )  # fmt: skip
     mem.too_large = refused
+
+
+async def announce_advisories(
+    client: KubeApi,
+    body: Mapping[str, Any],
+    mem: DeploymentMemory,
+    advisories: Sequence[PodAdvice],
+) -> None:
+    """A ConfigurationAdvisory Warning on the object, once per pod and rule while it lasts (not
+    every cycle). Its name derives from the object, the pod incarnation and the rule, so another
+    replica or a restarted operator posting it again is refused (409: already posted); one that
+    could not be posted is tried again next cycle."""
+    meta = body["metadata"]
+    mem.advised &= {a.key for a in advisories}
+    posted = 0
+    for a in advisories:
+        if a.key in mem.advised:
+            continue
+        if posted == MAX_ADVISORY_EVENTS:
+            break
+        posted += 1
+        name = f"{meta['name'][:MAX_NAME_STEM].rstrip('.-')}.{a.event_id(str(meta.get('uid')))}"
+        if await post_event(
+            client, dict(body), "ConfigurationAdvisory", a.sentence(), "Warning", name=name
+        ):
+            mem.advised.add(a.key)

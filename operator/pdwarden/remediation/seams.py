@@ -1,11 +1,11 @@
 """The seams between the one remediation cycle and the kinds of object it runs for.
 
-Why a module of its own, below the cycle: the cycle (`cycle`), the completion of a dead
-replica's actions (`recovery`) and the two kinds (`kinds.deployment`, `kinds.policy`) all speak
-these types; defining them here keeps every import pointing down. A `Kind` is what differs per
-kind of object: which pods it covers (`observe`), what a cordon needs to be admitted
-(`admit`), how a cordon and a restart land (`cordon`, `restart`), how to read back whether one
-landed (`applied`), and where its status goes (`status`). Everything else is the cycle's.
+Why a module of its own, below the cycle: the cycle (`cycle`), the completion of a dead replica's
+actions (`recovery`) and the two kinds (`kinds.deployment_kind`, `kinds.policy_kind`) all speak
+these types; defining them here keeps every import pointing down. A `Kind` is what differs per kind
+of object: which pods it covers (`observe`), what a cordon needs to be admitted (`admit`), how a
+cordon and a restart land (`cordon`, `restart`), how to read back whether one landed (`applied`),
+and where its status goes (`status`). Everything else is the cycle's.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from datetime import UTC, datetime
 from typing import Any, Generic, Protocol, TypeVar
 
 from pdwarden.api import HeldBack, LedgerEntry, PDDeploymentStatus, RemediationSpec
-from pdwarden.ports import AdminApi, CanaryApi, KubeApi, WorkerApi
+from pdwarden.ports import AdminApi, CanaryApi, KubeApi, PairCanaryApi, WorkerApi
 from pdwarden.remediation.act.done import Done
-from pdwarden.remediation.act.sglang import PrefillAborter
+from pdwarden.remediation.act.sglang_abort import PrefillAborter
+from pdwarden.remediation.decide import Plan, PlannedAction, PodState
+from pdwarden.remediation.detect.advisories import PodAdvice
 from pdwarden.remediation.detect.rules import Detection
-from pdwarden.remediation.policy.plan import Action, DecodePod, Plan
-from pdwarden.remediation.views import DeploymentMemory, WorkerPod
+from pdwarden.remediation.memory import DeploymentMemory, WorkerPod
 from pdwarden.values import Target
 
 Obj = Mapping[str, Any]
@@ -46,6 +47,10 @@ class Seen:
 
     def pod(self, name: str) -> Obj | None:
         return next((p for p in self.pods if (p.get("metadata") or {}).get("name") == name), None)
+
+    def advised(self) -> Sequence[Obj]:
+        """The pods whose settings this object reports (Advisories): every pod it covers."""
+        return self.pods
 
 
 class _Remediation(Protocol):
@@ -72,16 +77,16 @@ class Kind(Protocol[Spec_contra, StatusT, SeenT]):
     def serving(
         self, spec: Spec_contra, seen: SeenT, stale: set[str], history: Sequence[LedgerEntry],
         now: datetime,
-    ) -> tuple[list[DecodePod], list[DecodePod]]: ...  # fmt: skip
+    ) -> tuple[list[PodState], list[PodState]]: ...  # fmt: skip
 
     def admit(self, decision: Plan, seen: SeenT) -> Plan: ...
 
     async def cordon(
-        self, spec: Spec_contra, seen: SeenT, action: Action, now: datetime
+        self, spec: Spec_contra, seen: SeenT, action: PlannedAction, now: datetime
     ) -> Done: ...
 
     async def restart(
-        self, spec: Spec_contra, seen: SeenT, action: Action, now: datetime
+        self, spec: Spec_contra, seen: SeenT, action: PlannedAction, now: datetime
     ) -> Done: ...
 
     async def sglang_key(self, spec: Spec_contra, seen: SeenT) -> str | None: ...
@@ -96,9 +101,9 @@ class Kind(Protocol[Spec_contra, StatusT, SeenT]):
 
     def status(
         self, previous: StatusT, spec: Spec_contra, seen: SeenT, *, detection: Detection,
-        decision: Plan, history: Sequence[LedgerEntry], decodes: Sequence[DecodePod],
+        decision: Plan, history: Sequence[LedgerEntry], decodes: Sequence[PodState],
         done: Sequence[LedgerEntry], now: datetime, reset_at: datetime | None,
-        generation: int | None,
+        generation: int | None, advisories: Sequence[PodAdvice],
     ) -> StatusT: ...  # fmt: skip
 
 
@@ -117,6 +122,7 @@ class Tools:
     admin: AdminApi
     sglang: PrefillAborter
     canary: CanaryApi  # the confirm stage's one-token probe of a vLLM decode
+    pair: PairCanaryApi | None = None  # the confirm stage's pair canary (None: none sent)
 
 
 def now_utc() -> datetime:

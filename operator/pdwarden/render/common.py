@@ -10,9 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
-from pdwarden import __version__, constants
+from pdwarden import __version__
 from pdwarden.constants import (
     API_VERSION,
     KIND,
@@ -23,11 +23,7 @@ from pdwarden.constants import (
 
 Obj = dict[str, Any]
 
-WORKER_PORT: Final = constants.WORKER_PORT  # the one definition is in constants
 
-ADMIN_TOKEN_KEY = "token"
-ADMIN_TOKEN_DIR = "/var/run/pdwarden/admin"
-BOOTSTRAP_TOKEN_DIR = "/var/run/pdwarden/bootstrap"
 DEFAULT_PDWORKER_IMAGE = f"pdwarden/pdworker:{__version__}"
 
 

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import base64
 
+from pdwarden import engines
 from pdwarden.api import PDDeploymentSpec
 from pdwarden.constants import (
+    ADMIN_TOKEN_KEY,
     ANNOTATION_TEMPLATE_HASH,
     ROLE_DECODE,
     ROLE_PREFILL,
     ROLE_ROUTER,
+    WORKER_PORT,
 )
 from pdwarden.render.common import (
-    ADMIN_TOKEN_KEY,
-    WORKER_PORT,
     Obj,
     Owner,
     content_hash,
@@ -25,8 +26,7 @@ from pdwarden.render.common import (
     names,
     selector_labels,
 )
-from pdwarden.render.engines import needs_admin_token, router_launch, worker_launch
-from pdwarden.render.network import worker_network_policy
+from pdwarden.render.network_policy import worker_network_policy
 from pdwarden.render.pods import pod_template
 
 
@@ -43,7 +43,7 @@ def render_deployment(
     objects.append(_decode_pdb(owner, spec))
     allow_from = spec.network.allow_from if spec.network else ()
     objects.append(worker_network_policy(owner, allow_from, operator_namespace))
-    if spec.router.replicas > 0 or spec.engine == "pdworker":
+    if spec.router.replicas > 0 or engines.get(spec.engine).always_routed:
         objects += _router(owner, spec)
     assert len({(o["kind"], o["metadata"]["name"]) for o in objects}) == len(objects)
     assert n.prefill != n.decode
@@ -95,19 +95,21 @@ def _headless_service(owner: Owner, role: str, spec: PDDeploymentSpec) -> Obj:
 def _stateful_set(owner: Owner, role: str, spec: PDDeploymentSpec) -> Obj:
     n = names(owner.name)
     pool = spec.prefill if role == ROLE_PREFILL else spec.decode
-    pdworker_decode = role == ROLE_DECODE and spec.engine == "pdworker"
+    engine = engines.get(spec.engine)
     template = pod_template(
         owner,
         spec,
         role,
         settings=pool,
-        launch=worker_launch(owner, spec, role),
+        launch=engine.worker_launch(spec, role, owner.name),
         gpus=pool.gpus,
-        admin_secret=n.admin_secret if needs_admin_token(spec, role) else None,
-        bootstrap_secret=n.bootstrap_secret if spec.engine == "pdworker" else None,
-        # A pdworker decode lists its deployment's prefill pods (engines.py): the router's
-        # ServiceAccount, which may read pods in this namespace and nothing else.
-        service_account=n.router_account if pdworker_decode else None,
+        admin_secret=n.admin_secret if engine.needs_admin_token(spec, role) else None,
+        bootstrap_secret=n.bootstrap_secret if engine.bootstrap_key else None,
+        # A decode that lists its deployment's prefill pods itself (engines/pdworker.py) gets the
+        # router's ServiceAccount, which may read pods in this namespace and nothing else.
+        service_account=(
+            n.router_account if role == ROLE_DECODE and engine.decode_lists_prefills else None
+        ),
     )
     template_hash = content_hash(template)
     template["metadata"]["annotations"][ANNOTATION_TEMPLATE_HASH] = template_hash
@@ -156,7 +158,7 @@ def _router(owner: Owner, spec: PDDeploymentSpec) -> list[Obj]:
         spec,
         ROLE_ROUTER,
         settings=spec.router,
-        launch=router_launch(spec, owner),
+        launch=engines.get(spec.engine).router_launch(spec, owner.name, owner.namespace),
         gpus=0,
         admin_secret=None,
         service_account=n.router_account,

@@ -11,17 +11,20 @@ from typing import Any
 
 from pdwarden.api import PDDeploymentSpec
 from pdwarden.api.pools import GPU_RESOURCE, PodSettings
-from pdwarden.constants import CONDITION_SERVING, ROLE_DECODE
-from pdwarden.render.common import (
+from pdwarden.constants import (
     ADMIN_TOKEN_DIR,
     BOOTSTRAP_TOKEN_DIR,
-    DEFAULT_PDWORKER_IMAGE,
+    CONDITION_SERVING,
+    ROLE_DECODE,
     WORKER_PORT,
+)
+from pdwarden.engines.launch import Launch
+from pdwarden.render.common import (
+    DEFAULT_PDWORKER_IMAGE,
     Obj,
     Owner,
     object_labels,
 )
-from pdwarden.render.launch import Launch
 
 RUN_AS_USER = 10001
 DOWNWARD_ENV = {

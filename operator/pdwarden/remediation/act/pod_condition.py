@@ -16,7 +16,7 @@ from typing import Any, Final
 from pdwarden.constants import CONDITION_SERVING
 from pdwarden.ports import KubeApi
 from pdwarden.remediation.act.done import Done
-from pdwarden.remediation.policy.plan import Action
+from pdwarden.remediation.decide import PlannedAction
 
 CORDONED: Final = "Cordoned"
 UNCORDONED: Final = "Uncordoned"
@@ -27,7 +27,7 @@ def iso(t: datetime) -> str:
     return t.isoformat().replace("+00:00", "Z")
 
 
-def serving_condition(action: Action, now: datetime) -> dict[str, Any]:
+def serving_condition(action: PlannedAction, now: datetime) -> dict[str, Any]:
     cordon = action.kind == "CordonDecode"
     return {
         "type": CONDITION_SERVING,
@@ -38,7 +38,9 @@ def serving_condition(action: Action, now: datetime) -> dict[str, Any]:
     }
 
 
-async def set_serving(client: KubeApi, namespace: str, action: Action, now: datetime) -> Done:
+async def set_serving(
+    client: KubeApi, namespace: str, action: PlannedAction, now: datetime
+) -> Done:
     await client.set_pod_condition(namespace, action.pod, serving_condition(action, now))
     return Done()
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 from pdwarden.api import CordonSpec
 from pdwarden.ports import ForeignPodApi
 from pdwarden.remediation.act.done import Done, skipped
-from pdwarden.remediation.policy.plan import Action
+from pdwarden.remediation.decide import PlannedAction
 from pdwarden.remediation.policy.scope import ForeignPod
 from pdwarden.values import LabelPatch
 
 
-def target_value(action: Action, cordon: CordonSpec) -> str | None:
+def target_value(action: PlannedAction, cordon: CordonSpec) -> str | None:
     """The label value an action means; None for actions that set no label."""
     if action.kind == "CordonDecode":
         return cordon.cordoned_value
@@ -28,7 +28,7 @@ def target_value(action: Action, cordon: CordonSpec) -> str | None:
     return None
 
 
-def label_patch(action: Action, pod: ForeignPod, cordon: CordonSpec) -> LabelPatch | None:
+def label_patch(action: PlannedAction, pod: ForeignPod, cordon: CordonSpec) -> LabelPatch | None:
     """The label change a CordonDecode/UncordonDecode means for `pod`; None if already so, if
     the pod is another incarnation than the one planned for, or for other actions."""
     value = target_value(action, cordon)
@@ -40,7 +40,11 @@ def label_patch(action: Action, pod: ForeignPod, cordon: CordonSpec) -> LabelPat
 
 
 async def relabel(
-    foreign: ForeignPodApi, namespace: str, action: Action, pod: ForeignPod, cordon: CordonSpec
+    foreign: ForeignPodApi,
+    namespace: str,
+    action: PlannedAction,
+    pod: ForeignPod,
+    cordon: CordonSpec,
 ) -> Done:
     patch = label_patch(action, pod, cordon)
     if patch is None:
@@ -51,7 +55,7 @@ async def relabel(
     return skipped(f"the pod {'is gone' if result == 'Gone' else 'changed'}")
 
 
-def applied(action: Action, pod: ForeignPod, cordon: CordonSpec) -> bool:
+def applied(action: PlannedAction, pod: ForeignPod, cordon: CordonSpec) -> bool:
     """Whether `pod` carries the label value the action means (whoever set it)."""
     value = target_value(action, cordon)
     return value is not None and pod.labels.get(cordon.label_key) == value

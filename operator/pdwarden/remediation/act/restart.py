@@ -17,7 +17,7 @@ from pdwarden.api import HeldBack
 from pdwarden.api.status import MAX_MESSAGE
 from pdwarden.ports import ForeignPodApi, KubeApi
 from pdwarden.remediation.act.done import Done, Outcome, skipped
-from pdwarden.remediation.policy.plan import Action
+from pdwarden.remediation.decide import PlannedAction
 from pdwarden.remediation.policy.scope import foreign_pod
 from pdwarden.values import EvictionOutcome, EvictionResult
 
@@ -29,13 +29,13 @@ _LEDGER: Final[dict[EvictionResult, Outcome]] = {
 }
 
 
-async def delete(client: KubeApi, namespace: str, action: Action) -> Done:
+async def delete(client: KubeApi, namespace: str, action: PlannedAction) -> Done:
     if await client.delete_pod(namespace, action.pod, action.uid):
         return Done()
     return skipped("the pod was already gone or replaced")
 
 
-def eviction_done(action: Action, outcome: EvictionOutcome, now: datetime) -> Done:
+def eviction_done(action: PlannedAction, outcome: EvictionOutcome, now: datetime) -> Done:
     """A restart done by eviction, as the ledger records it: held back and gone are Skipped
     (the breaker does not count them, so a PDB that blocks every eviction cannot trip it)."""
     detail = outcome.reason if outcome.result != "Gone" else f"skipped: {outcome.reason}"
@@ -48,7 +48,7 @@ def eviction_done(action: Action, outcome: EvictionOutcome, now: datetime) -> Do
 
 
 async def evict(
-    client: KubeApi, foreign: ForeignPodApi, namespace: str, action: Action, now: datetime
+    client: KubeApi, foreign: ForeignPodApi, namespace: str, action: PlannedAction, now: datetime
 ) -> Done:
     fresh = await client.get("v1", "Pod", namespace, action.pod)
     pod = foreign_pod(fresh) if fresh is not None else None

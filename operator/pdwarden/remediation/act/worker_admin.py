@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import aiohttp
 
-from pdwarden.remediation.scrape.client import BodyTooLarge, read_capped
+from pdwarden.remediation.scrape.worker_client import BodyTooLarge, read_capped
 from pdwarden.values import Target
 from pdworker.contract import ADMIN_ROOMS_FAIL_PATH, FAILED_KEY
 

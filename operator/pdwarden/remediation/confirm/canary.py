@@ -18,11 +18,11 @@ Verdicts: alive (200 with a choice); dead (the request went out on an open conne
 answer began within the deadline: the engine never produced the token); unknown (anything else:
 refused, reset, a connect that hangs, an HTTP error such as 401 from a server run with
 --api-key, an answer that is not JSON or over the byte cap, no connection slot free). Only dead
-leads to an action (policy/canary.py), and a wrong dead cordons a serving pod, so the deadline
+leads to an action (decide/verdicts.py), and a wrong dead cordons a serving pod, so the deadline
 is long (CANARY_SECONDS) and every doubt is unknown.
 
 Bounds: a canary holds one connection slot of its tenant's share of the scrape client
-(`scrape.client.Share`, the per-object share every worker call goes through), so one object's
+(`scrape.worker_client.Share`, the per-object share every worker call goes through), so one object's
 canaries never take another's slots; the wait for a slot, the connect, both requests and both
 answers have deadlines (a canary ends within MODELS_SECONDS x 2 + CANARY_SECONDS); answers are
 read to MAX_ANSWER_BYTES at most and decoded as JSON only.
@@ -37,12 +37,12 @@ from typing import Any, Final, Protocol
 
 import aiohttp
 
-from pdwarden.remediation.scrape.client import BodyTooLarge, Share, read_capped
+from pdwarden.remediation.scrape.worker_client import BodyTooLarge, Share, read_capped
 from pdwarden.values import CanaryResult, Target
 
 # How long a decode gets to produce one token for a 3-token prompt. A live engine needs a few
-# scheduler steps; vLLM on two busy CPU cores took up to ~28 s per step (README, the CPU pair's
-# KV lease), so 30 s keeps a slow but live engine from being called dead. A frozen one never
+# scheduler steps; vLLM on two busy CPU cores took up to ~28 s per step (docs/engines.md, the CPU
+# pair's KV lease), so 30 s keeps a slow but live engine from being called dead. A frozen one never
 # answers, however long we wait; the cost of waiting is a longer cycle while a decode is suspect.
 CANARY_SECONDS: Final = 30.0
 MODELS_SECONDS: Final = 5.0  # GET /v1/models: the API server answers it alone, at once
@@ -56,7 +56,7 @@ PROMPT: Final = "pdwarden canary"
 
 class Shares(Protocol):
     """Where a canary's connection comes from: the scrape client's per-tenant shares and its
-    session (`scrape.client.WorkerClient`)."""
+    session (`scrape.worker_client.WorkerClient`)."""
 
     def share(self, tenant: str) -> Share: ...
 
@@ -89,7 +89,7 @@ def _http_error(what: str, status: int) -> Unknown:
     return Unknown(f"{what}: HTTP {status}{hint}")
 
 
-async def _json(resp: aiohttp.ClientResponse, what: str) -> Any:
+async def read_json(resp: aiohttp.ClientResponse, what: str) -> Any:
     """A 200 answer, read to the cap and decoded as JSON (nothing else is ever decoded)."""
     if resp.status != 200:
         raise _http_error(what, resp.status)
@@ -148,7 +148,7 @@ class Canary:
                 asyncio.timeout(self.models_deadline),
                 self.shares.session().get(target.base + MODELS_PATH, timeout=timeout) as resp,
             ):
-                return model_id(await _json(resp, what))
+                return model_id(await read_json(resp, what))
         except aiohttp.ClientError as e:
             raise Unknown(f"{what}: {type(e).__name__}") from None
         except TimeoutError:
@@ -171,7 +171,7 @@ class Canary:
                 url = target.base + COMPLETIONS_PATH
                 async with self.shares.session().post(url, json=request, timeout=timeout) as resp:
                     answering = True
-                    data = await _json(resp, what)
+                    data = await read_json(resp, what)
         except aiohttp.ClientError as e:  # refused, reset, the connect timed out: unknown
             raise Unknown(f"{what}: {type(e).__name__}") from None
         except TimeoutError:

@@ -15,7 +15,9 @@ from pdwarden.values import RoomView, Sample
 Reason = Literal[
     "InflightStuck", "PeerIncarnationGone", "InflightGaugeStuck", "DecodeStalled",
     # Engines whose decode pulls KV (vLLM): detect/pull.py.
-    "KVReadStuck", "LeaseExpired", "LateNotification",
+    "KVReadStuck", "LeaseExpired", "LateNotification", "PromptsRecomputed",
+    # A pair canary (confirm/pair_canary.py) got no answer from that side's leg.
+    "PrefillDead", "DecodeDead",
 ]  # fmt: skip
 
 
@@ -34,7 +36,7 @@ class PodView:
     # first, so a decode that was waited on anywhere in the window is not judged on one list.
     recent_rooms: tuple[tuple[float, tuple[RoomView, ...]], ...] = ()
     # Prefill only: rooms may sit in the inflight queue until a decode allocates KV for them
-    # (`scrape.sglang_args`), so a decode short of KV slots excuses a queue that does not drain.
+    # (`engines.sglang_flags`), so a decode short of KV slots excuses a queue that does not drain.
     # True when unknown: the excuse can only delay a finding, never make one.
     rooms_wait_for_decode_kv: bool = True
 
@@ -56,6 +58,15 @@ class Finding:
     # Pods that may be the cause when no metric names the peer (detect/pull.py): a repair
     # confirms each with a canary before acting on it.
     suspects: tuple[str, ...] = ()
+
+    @property
+    def identity(self) -> tuple[str, str, str]:
+        """Which wedge this is, the same in every cycle while it lasts: the pod, the reason, and
+        the peer only where a metric named it (a prefill's rooms). Suspects, and a peer that is
+        merely the one suspect left, change while a wedge lasts (measured: a decode's stuck read
+        named the prefill, then two prefills, then the new one, as the restarted prefill went
+        away), and so does the evidence text; none of them makes it another wedge."""
+        return (self.pod, self.reason, "" if self.suspects else (self.peer or ""))
 
 
 def window_of(history: Sequence[Sample], seconds: float) -> Sequence[Sample] | None:

@@ -28,19 +28,50 @@ below cites the vLLM source that makes its signal trustworthy. Checked on real v
   200 (AsyncLLM.check_health, v1/engine/async_llm.py:1089, fails only once the engine core
   died) and GET /v1/models (served from its configuration, entrypoints/openai/models/
   serving.py:64), but the one-token completion never comes; a decode so confirmed dead gets
-  CordonDecode, then RestartDecode while it stays dead (policy/plan.py, rung 2v).
+  CordonDecode, then RestartDecode while it stays dead (decide/rungs.py, rung 2v).
 * LateNotification (prefill): a decode finished reading blocks the prefill had already freed
-  (nixl/pull_worker.py:666 `record_notification_after_expiry`): the decode may have served KV
-  the prefill reused. Nothing to repair any more; it is reported (Event, alert). vLLM counts it
-  at the prefill's next step, so it can appear long after the read.
+  because their lease expired: the decode may have served KV the prefill reused. vLLM's
+  counter (nixl/pull_worker.py:656-667 `record_notification_after_expiry`) counts EVERY
+  read-done notification about a request the prefill no longer tracks, and a client abort
+  makes those too (the prefill logs "Potentially invalid KV blocks for unrecognized request";
+  measured on the real pair: late notifications with not one lease expired). So the finding
+  needs both: late notifications rose in the window AND the expired-lease counter rose no later
+  than they did, within the window plus EXPIRY_LOOKBACK_S (bounded by the history held). Late
+  notifications with no expired lease are the abort case: no finding, no Event. Nothing to
+  repair any more; it is reported (Event, alert). vLLM counts it at the prefill's next step, so
+  it can appear long after the read.
+* PromptsRecomputed (decode): prefill/decode disaggregation is off for this decode while every
+  client still gets an answer. With kv_load_failure_policy recompute a failed read is recomputed
+  on the decode, and a router that sends requests without KV params lands there too. The rule:
+  in the whole window the decode computed at least half of its prompt tokens itself
+  (`recomputed_tokens`, vLLM `prompt_tokens_by_source{source="local_compute"}`, against
+  `prefill_tokens`, `prompt_tokens_total`), the count rose at RECOMPUTED_SCRAPES scrapes or
+  more, and not one prompt token's KV arrived from a prefill (`transferred_tokens`, source
+  `external_kv_transfer`, flat). A healthy decode's prompts arrive whole by transfer (measured:
+  48 of 48 tokens external). The half keeps out prompts served from the decode's own prefix
+  cache (`local_cache_hit`, a token or so computed); the repeated rises keep out the one read
+  that failed when its prefill died (pdwarden's own RestartPrefill makes exactly that, and no
+  other request comes until a prefill serves again). The failed-read count goes in the
+  evidence. It is reported (Event, alert), never repaired: no metric says which side holds the
+  stale state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 from pdwarden.constants import ROLE_DECODE, ROLE_PREFILL
 from pdwarden.remediation.detect.evidence import Finding, PodView, moved, window_of
+
+# How far before the window an expired lease still explains a late notification: vLLM's
+# default kv_lease_duration (nixl/base_scheduler.py:82). A decode frozen past its lease reads
+# after thawing, so the expiry comes first; detection holds the window plus a few scrape
+# intervals of history (remediation.cycle), which bounds this lookback in practice.
+EXPIRY_LOOKBACK_S = 30.0
+# Scrapes of the window at which a decode's locally computed prompt tokens rose, at least, for
+# PromptsRecomputed: requests that keep coming and keep being recomputed, not one failed read.
+RECOMPUTED_SCRAPES = 3
 
 
 def _not_proven_alive(pods: Sequence[PodView], role: str, counter: str, since: float) -> list[str]:
@@ -79,6 +110,34 @@ def kv_read_stuck(pod: PodView, pods: Sequence[PodView], window_seconds: float) 
     )  # fmt: skip
 
 
+def prompts_recomputed(pod: PodView, window_seconds: float) -> Finding | None:
+    window = window_of(pod.history, window_seconds)
+    if window is None or any(s.transferred_tokens is None for s in window):
+        return None
+    local = [s.recomputed_tokens for s in window]
+    if any(v is None for v in local):
+        return None
+    first, last = window[0], window[-1]
+    recomputed = (last.recomputed_tokens or 0) - (first.recomputed_tokens or 0)
+    prompts = (last.prefill_tokens or 0) - (first.prefill_tokens or 0)
+    rises = sum((b or 0) > (a or 0) for a, b in pairwise(local))
+    if rises < RECOMPUTED_SCRAPES or recomputed < prompts / 2:
+        return None
+    if moved(window, "transferred_tokens"):
+        return None
+    failed = max((last.failed or 0) - (first.failed or 0), 0)
+    return Finding(
+        pod=pod.name, role=ROLE_DECODE, reason="PromptsRecomputed",
+        oldest_seconds=last.at - first.at,
+        evidence=(
+            f"{recomputed:g} prompt tokens computed on this decode and none arrived by KV "
+            f"transfer in the last {last.at - first.at:.0f}s ({failed:g} KV reads failed): "
+            f"prefill/decode disaggregation is off for this decode while its clients still get "
+            f"answers (kv_load_failure_policy recompute, or requests sent without KV params)"
+        ),
+    )  # fmt: skip
+
+
 def _rose(pod: PodView, field: str, window_seconds: float) -> tuple[float, float] | None:
     """(risen by, now) when the counter rose inside the window; None otherwise."""
     recent = [s for s in pod.history if s.at >= pod.history[-1].at - window_seconds]
@@ -86,6 +145,21 @@ def _rose(pod: PodView, field: str, window_seconds: float) -> tuple[float, float
     if len(values) < 2 or values[-1] <= values[0]:
         return None
     return values[-1] - values[0], values[-1]
+
+
+def _rises_at(pod: PodView, field: str, since: float) -> list[float]:
+    """When the counter rose (the sample that first showed each rise) since `since`."""
+    pairs = [(s.at, getattr(s, field)) for s in pod.history if s.at >= since]
+    known = [(at, v) for at, v in pairs if v is not None]
+    return [at for (_, a), (at, b) in pairwise(known) if b > a]
+
+
+def _late_after_expiry(pod: PodView, window_seconds: float) -> bool:
+    """Late notifications rose in the window and a lease expired no later than they did."""
+    now = pod.history[-1].at
+    late = _rises_at(pod, "late_notifications", now - window_seconds)
+    expired = _rises_at(pod, "kv_expired", now - window_seconds - EXPIRY_LOOKBACK_S)
+    return bool(late and expired) and min(expired) <= max(late)
 
 
 def prefill_lease_findings(
@@ -109,13 +183,14 @@ def prefill_lease_findings(
             )
         )  # fmt: skip
     late = _rose(pod, "late_notifications", window_seconds)
-    if late is not None:
+    if late is not None and _late_after_expiry(pod, window_seconds):
         out.append(
             Finding(
                 pod=pod.name, role=ROLE_PREFILL, reason="LateNotification",
                 evidence=(
-                    f"{late[0]:g} decode reads finished after their KV lease expired "
-                    f"({late[1]:g} in all): a decode may have served KV this prefill had freed"
+                    f"{late[0]:g} decode reads finished after this prefill stopped tracking "
+                    f"their request ({late[1]:g} in all), following an expired KV lease: a "
+                    f"decode may have served KV this prefill had freed"
                 ),
             )
         )  # fmt: skip
@@ -130,7 +205,8 @@ def pull_findings(pods: Sequence[PodView], window_seconds: float) -> list[Findin
             continue
         if pod.role == ROLE_DECODE:
             stuck = kv_read_stuck(pod, pods, window_seconds)
-            out += [stuck] if stuck else []
+            recomputing = prompts_recomputed(pod, window_seconds)
+            out += [f for f in (stuck, recomputing) if f is not None]
         elif pod.role == ROLE_PREFILL:
             out += prefill_lease_findings(pod, pods, window_seconds)
     return out

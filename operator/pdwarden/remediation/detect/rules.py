@@ -9,20 +9,19 @@ functions over recorded data, unit-tested on sample series. The rules:
 * PeerIncarnationGone: a prefill room waits on a decode incarnation that no longer exists (the
   pod restarted or vanished). Flagged at once: that peer will never answer.
 * InflightGaugeStuck: for engines without a rooms API (stock SGLang), the inflight queue did not
-  drain for the whole window: it held rooms in every sample, not one room left it (no KV
-  transfer finished, none failed, no request finished), and, where the prefill's settings let
-  rooms into that queue before their decode allocated KV (`PodView.rooms_wait_for_decode_kv`),
-  no decode pod is busy with a backlog of requests waiting for KV slots (then the one legal
-  reason for rooms to wait there). A queue that is never empty under load is steady state, not
-  a wedge: what matters is that it stopped moving. Counters that a health-check probe moves
-  never count as drain (`scrape.engines`). Wedged rooms hidden among healthy traffic that
-  keeps draining the queue cannot be seen this way (no per-room ages); the rooms API rule
-  above sees them.
+  drain for the whole window: it held rooms in every sample, not one room left it (no KV transfer
+  finished, none failed, no request finished), and, where the prefill's settings let rooms into that
+  queue before their decode allocated KV (`PodView.rooms_wait_for_decode_kv`), no decode pod is busy
+  with a backlog of requests waiting for KV slots (then the one legal reason for rooms to wait
+  there). A queue that is never empty under load is steady state, not a wedge: what matters is that
+  it stopped moving. Counters that a health-check probe moves never count as drain (the engine
+  modules, `pdwarden.engines`). Wedged rooms hidden among healthy traffic that keeps draining the
+  queue cannot be seen this way (no per-room ages); the rooms API rule above sees them.
 * DecodeStalled: a decode pod held requests for the whole window while nothing showed progress:
   its per-step token counter flat (for engines without one, its throughput 0: with one, a
   throughput gauge is no evidence, since a hung scheduler freezes its gauges), no request
   finished (and, for requests only queued, no KV arrived). Only signals that move while
-  requests run can prove a stall (`scrape.engines`: never a counter that moves only when a
+  requests run can prove a stall (`pdwarden.engines`: never a counter that moves only when a
   request ends). Requests merely queued (prealloc, transfer) count only when no prefill was
   computing a room for that pod or sending its KV at any scrape of the window (a room that
   succeeded a moment before its prefill's rooms were read is gone from the latest list, while
@@ -57,7 +56,7 @@ class Detection:
     # Decode pods with a full window of fresh samples and no stall: positive evidence of health,
     # which is what an uncordon needs (no evidence at all, e.g. after an operator restart, is not).
     healthy_decodes: frozenset[str] = field(default_factory=frozenset)
-    # This cycle's canary verdicts by decode pod (vLLM: remediation.policy.canary folds them in;
+    # This cycle's canary verdicts by decode pod (vLLM: remediation.decide.verdicts folds them in;
     # a dead one is also in stalled_decodes and never in healthy_decodes).
     canaries: Mapping[str, CanaryResult] = field(default_factory=dict, hash=False)
 
@@ -295,8 +294,8 @@ def prefill_idle(history: Sequence[Sample], window_seconds: float) -> bool:
     """A prefill without a rooms API did no work for anyone over the window: nothing running,
     waiting or inflight at any scrape, and no counter of real work moved (at least one is
     reported). SGLang's per-step prompt-token counter is not among them, a probe moves it
-    (`scrape.engines`); a prefill that computes shows it in its gauges: on a PD prefill
-    `num_running_reqs` is the batch in the forward pass, republished every batch."""
+    (the engine modules, `pdwarden.engines`); a prefill that computes shows it in its gauges: on
+    a PD prefill `num_running_reqs` is the batch in the forward pass, republished every batch."""
     recent = [s for s in history if s.at >= history[-1].at - window_seconds]
     if len(recent) < 2:
         return False
@@ -349,10 +348,11 @@ def detect(pods: Sequence[PodView], wedge_after: float) -> Detection:
                             room_count=int(_decode_work(pod.history[-1])),
                             evidence=evidence)
                 )  # fmt: skip
-    # -- hook: engines whose decode pulls KV (vLLM). A decode with a stuck read is not healthy.
+    # -- hook: engines whose decode pulls KV (vLLM). A decode with a stuck read, or one whose
+    # KV stopped arriving, is not healthy (a cordoned one stays cordoned).
 
     pulled = pull_findings(pods, wedge_after)
     findings += pulled
-    healthy -= {f.pod for f in pulled if f.reason == "KVReadStuck"}
+    healthy -= {f.pod for f in pulled if f.reason in ("KVReadStuck", "PromptsRecomputed")}
     # -- end hook
     return Detection(tuple(findings), unknown, frozenset(stalled), frozenset(healthy))

@@ -1,3 +1,2 @@
-"""Stage 3, plan: findings into actions within budget and breaker (`plan`), which pods
-a PDRemediationPolicy may touch (`scope`), whether its cordon can work (`cordon`), and which
-decodes a canary asks and what its verdicts mean (`canary`). All pure."""
+"""PDRemediationPolicy only: which pods a policy may touch (`scope`) and whether its cordon can
+work (`cordon`). All pure."""

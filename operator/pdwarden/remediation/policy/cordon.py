@@ -1,8 +1,9 @@
 """Whether a PDRemediationPolicy's label cordon would take a decode pod out of service.
 
-Why here, in the plan stage: the check decides whether cordons are planned at all (it is the
-CordonUnavailable condition), so both the cycle (`policy_cycle`) and the status it records
-(`record.policy_status`) read it; the act stage only carries cordons out. Kubernetes Service
+Why with the policy's scope, below the act stage: the check decides whether cordons are
+admitted at all (it is the CordonUnavailable condition), so both the policy's kind adapter
+(`kinds.policy_kind`) and the status it records (`record.policy_report`) read it; the act stage only
+carries cordons out. Kubernetes Service
 selectors are equality-only, so the Service in front must select `<labelKey>: <servingValue>`.
 """
 

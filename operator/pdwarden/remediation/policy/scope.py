@@ -26,7 +26,7 @@ from typing import Any
 from pdwarden.api import CordonSpec, PDRemediationPolicySpec, RefusedPod
 from pdwarden.api.policy_status import MAX_OTHER_POLICIES, MAX_REFUSED, RefusalReason
 from pdwarden.constants import GROUP, LABEL_DEPLOYMENT, LABEL_MANAGED_BY
-from pdwarden.remediation.policy.plan import DecodePod, decode_budget
+from pdwarden.remediation.decide import PodState, decode_budget
 
 MANAGED_BY_PDWARDEN = "pdwarden"
 
@@ -190,7 +190,7 @@ def decode_pods_for_plan(
     scope: Scope,
     cordoned_since: Mapping[str, datetime],
     now: datetime,
-) -> tuple[DecodePod, ...]:
+) -> tuple[PodState, ...]:
     """The decode pods as `remediation.plan` sees them, for the policy's budget and decisions.
 
     Every matched decode pod is passed, so plan's budget counts the whole pool; refused pods are
@@ -203,7 +203,7 @@ def decode_pods_for_plan(
     for p in scope.decode_matched:
         since = cordoned_since.get(p.name, now) if is_cordoned(p, spec.cordon) else None
         out.append(
-            DecodePod(
+            PodState(
                 name=p.name,
                 uid=p.uid,
                 ready=p.ready,

@@ -35,12 +35,15 @@ from pdwarden.api.status import (
 )
 from pdwarden.conditions import phase_of, set_condition
 from pdwarden.constants import ANNOTATION_RESET_BREAKER
+from pdwarden.remediation.decide import Plan, PlannedAction, PodState, breaker
+from pdwarden.remediation.detect import advisories as advice
+from pdwarden.remediation.detect.advisories import PodAdvice
 from pdwarden.remediation.detect.evidence import Finding
 from pdwarden.remediation.detect.rules import Detection
-from pdwarden.remediation.policy.plan import Action, DecodePod, Plan, breaker
 from pdwarden.remediation.scrape import sanitize
 
 SUSPENDED: Final = "RemediationSuspended"
+ADVISORIES: Final = "Advisories"
 
 
 def breaker_reset_at(
@@ -69,7 +72,7 @@ def new_entry_id() -> str:
 
 
 def ledger_entry(
-    action: Action,
+    action: PlannedAction,
     *,
     now: datetime,
     dry_run: bool,
@@ -139,11 +142,14 @@ def cycle_status(
     detection: Detection,
     decision: Plan,
     history: Sequence[LedgerEntry],
-    decodes: Sequence[DecodePod],
+    decodes: Sequence[PodState],
     now: datetime,
     reset_at: datetime | None,
+    advisories: Sequence[PodAdvice] = (),
 ) -> PDDeploymentStatus:
-    """The status after a cycle: `history` is the ledger including this cycle's entries."""
+    """The status after a cycle: `history` is the ledger including this cycle's entries;
+    `advisories` are this cycle's configuration advisories (a condition of their own, which
+    nothing else reads)."""
     history = list(history)[-MAX_HISTORY:]
     cordoned = [
         CordonRecord(pod=d.name, since=d.cordoned_since)
@@ -168,6 +174,11 @@ def cycle_status(
         message=_suspended_message(state.used, state.limit, state.open, decision.held_back),
         now=now, generation=generation,
     )  # fmt: skip
+    found, why, text = advice.condition(advisories)
+    conditions = set_condition(
+        conditions, ADVISORIES, status=found, reason=why, message=text, now=now,
+        generation=generation,
+    )  # fmt: skip
     before = next((c for c in previous.conditions if c.type == SUSPENDED), None)
     if state.open and before is not None and before.status == "True":
         # Keep the generation it tripped at, so a spec change is what resets it.
@@ -191,11 +202,11 @@ def mode_off_status(
     previous: PDDeploymentStatus, *, now: datetime, generation: int | None
 ) -> PDDeploymentStatus:
     """The status of a PDDeployment whose spec.remediation.mode is Off: RemediationSuspended
-    (reason ModeOff) and Wedged Unknown, since nothing is scraped; earlier wedges are dropped,
-    they are no longer watched. The ledger is kept: it is history."""
+    (reason ModeOff), Wedged and Advisories Unknown, since nothing is scraped or read; earlier
+    wedges are dropped, they are no longer watched. The ledger is kept: it is history."""
     message = "spec.remediation.mode is Off: the workers are neither scraped nor acted on"
     conditions = list(previous.conditions)
-    for type_, value in ((SUSPENDED, True), ("Wedged", None)):
+    for type_, value in ((SUSPENDED, True), ("Wedged", None), (ADVISORIES, None)):
         conditions = set_condition(
             conditions, type_, status=value, reason="ModeOff", message=message, now=now,  # type: ignore[arg-type]
             generation=generation,

@@ -1,3 +1,4 @@
 """Stage 1, scrape: worker pods' /metrics (and room lists) into samples.
 
-Why: only `client` does HTTP; parsing (`samples`, `engines`) and bounding (`sanitize`) are pure."""
+Why: only `worker_client` does HTTP; parsing (`samples`, with each engine's metric table from
+`pdwarden.engines`) and bounding (`sanitize`) are pure."""

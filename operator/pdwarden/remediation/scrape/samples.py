@@ -1,7 +1,7 @@
 """One internal shape for a worker's queue metrics, whichever engine produced them.
 
-Why: detection must not care whether a pod runs pdworker or stock SGLang. What each engine's
-series mean lives in `engines`; this module turns a /metrics body into a `Sample` with
+Why: detection must not care which engine a pod runs. What each engine's series mean lives in
+its engine module (`pdwarden.engines`); this module turns a /metrics body into a `Sample` with
 it. Every byte is hostile: the body size, line length, label-value length and series count are
 bounded, lines of series no adapter needs are dropped by their name before anything else is
 looked at, and the rest is read by a small line parser whose cost is linear in the input
@@ -21,7 +21,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from typing import Any, Final, TypeVar, cast
 
-from pdwarden.remediation.scrape import engines as engine_metrics
+from pdwarden import engines
 from pdwarden.values import RoomView, Sample
 from pdworker import contract as pdw
 
@@ -63,7 +63,7 @@ def parse_steps(text: str, at: float, engine: str | None = None) -> Steps[Sample
         raise ScrapeError(f"metrics body too large ({len(text)} bytes)")
     if text and not text.endswith("\n"):
         raise ScrapeError("metrics body does not end with a newline (cut short?)")
-    adapter = engine_metrics.engine(engine)
+    adapter = engines.metrics(engine)
     by_name = adapter.by_name()
     found = yield from series_steps(text, adapter.names() | {pdw.INCARNATION_INFO})
     incarnation: str | None = None
@@ -78,7 +78,7 @@ def parse_steps(text: str, at: float, engine: str | None = None) -> Steps[Sample
     values: dict[str, Any] = {}
     for name, samples in found.items():
         for series in by_name[name]:
-            v = engine_metrics.combine(series, samples)
+            v = engines.combine(series, samples)
             if v is not None:
                 values[series.target] = values.get(series.target, 0.0) + v
     if not values and incarnation is None:

@@ -28,7 +28,7 @@ So the cost is measured and recorded instead. The endpoint answers 200 whatever 
 SGLang's `sglang:num_aborted_requests_total` counts calls, not requests
 (tokenizer_manager.py:2261-2265), so the prefill's queue gauges are read just before the call
 (every request they count is aborted) and just after, through `scrape` (the one reader of
-/metrics: same caps, same rank rules); `scrape.abort_cost` turns them, with the finding's
+/metrics: same caps, same rank rules); `act.abort_cost` turns them, with the finding's
 wedged count, into how many requests the call dropped and how many of those were healthy
 (the running gauge is not added: on a prefill it is the last batch, already inflight). Every call
 is bounded; nothing here decides whether to call.
@@ -42,7 +42,7 @@ from typing import Final, Protocol
 import aiohttp
 
 from pdwarden.ports import WorkerApi
-from pdwarden.remediation.scrape.abort_cost import AbortCost, PrefillQueues, abort_all_cost
+from pdwarden.remediation.act.abort_cost import AbortCost, PrefillQueues, abort_all_cost
 from pdwarden.values import Sample, Target
 
 ABORT_PATH: Final = "/abort_request"

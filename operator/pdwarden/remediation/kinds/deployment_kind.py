@@ -24,21 +24,22 @@ from pdwarden.ownership import Workloads, owned_chain, selector
 from pdwarden.ports import KubeApi
 from pdwarden.remediation.act import pod_condition, restart
 from pdwarden.remediation.act.done import Done
+from pdwarden.remediation.decide import Plan, PlannedAction, PodState
+from pdwarden.remediation.detect.advisories import PodAdvice
 from pdwarden.remediation.detect.rules import Detection
-from pdwarden.remediation.policy.plan import Action, DecodePod, Plan
-from pdwarden.remediation.record.ledger import cycle_status, new_entry_id
-from pdwarden.remediation.seams import Obj, Seen
-from pdwarden.remediation.views import (
+from pdwarden.remediation.memory import (
     WORKER_ROLES,
     DeploymentMemory,
     decode_pods,
     scrape_targets,
 )
+from pdwarden.remediation.record.ledger import cycle_status, new_entry_id
+from pdwarden.remediation.seams import Obj, Seen
 from pdwarden.render import Owner, names
 from pdwarden.tokens import derive_token
 from pdwarden.values import Target
 
-log = logging.getLogger("pdwarden.remediation.kinds.deployment")
+log = logging.getLogger("pdwarden.remediation.kinds.deployment_kind")
 CLOCK_SLACK_SECONDS = 2.0
 
 
@@ -117,7 +118,7 @@ class DeploymentKind:
     def serving(
         self, spec: PDDeploymentSpec, seen: Seen, stale: set[str],
         history: Sequence[LedgerEntry], now: datetime,
-    ) -> tuple[list[DecodePod], list[DecodePod]]:  # fmt: skip
+    ) -> tuple[list[PodState], list[PodState]]:  # fmt: skip
         return (
             decode_pods(seen.pods, stale, now),
             decode_pods(seen.pods, stale, now, role=ROLE_PREFILL),
@@ -127,12 +128,12 @@ class DeploymentKind:
         return decision  # the readiness gate carries every cordon
 
     async def cordon(
-        self, spec: PDDeploymentSpec, seen: Seen, action: Action, now: datetime
+        self, spec: PDDeploymentSpec, seen: Seen, action: PlannedAction, now: datetime
     ) -> Done:
         return await pod_condition.set_serving(self.client, seen.namespace, action, now)
 
     async def restart(
-        self, spec: PDDeploymentSpec, seen: Seen, action: Action, now: datetime
+        self, spec: PDDeploymentSpec, seen: Seen, action: PlannedAction, now: datetime
     ) -> Done:
         return await restart.delete(self.client, seen.namespace, action)
 
@@ -183,13 +184,13 @@ class DeploymentKind:
     def status(
         self, previous: PDDeploymentStatus, spec: PDDeploymentSpec, seen: Seen, *,
         detection: Detection, decision: Plan, history: Sequence[LedgerEntry],
-        decodes: Sequence[DecodePod], done: Sequence[LedgerEntry], now: datetime,
-        reset_at: datetime | None, generation: int | None,
+        decodes: Sequence[PodState], done: Sequence[LedgerEntry], now: datetime,
+        reset_at: datetime | None, generation: int | None, advisories: Sequence[PodAdvice],
     ) -> PDDeploymentStatus:  # fmt: skip
         return cycle_status(
             previous=previous, policy=spec.remediation, generation=generation,
             detection=detection, decision=decision, history=history, decodes=decodes, now=now,
-            reset_at=reset_at,
+            reset_at=reset_at, advisories=advisories,
         )  # fmt: skip
 
 

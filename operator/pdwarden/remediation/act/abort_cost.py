@@ -1,7 +1,7 @@
 """What one `abort_all` on a stock SGLang prefill costs, counted from its queue gauges.
 
-Why its own module: SGLang 0.5.23 offers an operator nothing narrower than aborting every request
-of a prefill (see `act.sglang`), so the ledger and the Event must say how many healthy requests
+Why its own module: SGLang 0.5.23 offers an operator nothing narrower than aborting every request of
+a prefill (see `act.sglang_abort`), so the ledger and the Event must say how many healthy requests
 that cost, and the count must not be inflated. Pure arithmetic over the gauge values read just
 before the call; the reading itself is the scrape's.
 

@@ -40,8 +40,8 @@ def _print_crd(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
+    from pdwarden.cli.status_view import format_status, status_json
     from pdwarden.k8s.fetch import FetchError, NotFound, get_object
-    from pdwarden.remediation.record.view import format_status, status_json
 
     kind, name = _kind_and_name(args.name, args.kind)
     try:
@@ -88,7 +88,7 @@ def _demo(_: argparse.Namespace) -> int:
     from pathlib import Path
 
     # The demo drives the repository's local control plane (e2e/), which is not installed.
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     if not (root / "e2e" / "demo.py").is_file():
         print(
             "pdwarden demo: the demo needs a source checkout (it starts the repository's local "

@@ -1,4 +1,4 @@
-"""From pods and scrape results to what detection and policy judge: targets, views, staleness.
+"""From pods and scrape results to what detection and the plan judge: targets, memory, staleness.
 
 Why pure: which pods are scraped, which count as stale (never judged, never acted on) and what a
 decode pod's serving state is decide whether pdwarden touches a pod at all. These are plain
@@ -14,18 +14,22 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final
 
+from pdwarden import engines
 from pdwarden.api import LedgerEntry
 from pdwarden.constants import CONDITION_SERVING, LABEL_ROLE, ROLE_DECODE, ROLE_PREFILL
+from pdwarden.engines import COUNTER_FIELDS
+from pdwarden.remediation.decide import PodState
 from pdwarden.remediation.detect.evidence import Finding, PodView
 from pdwarden.remediation.detect.rules import Detection, working_rooms
-from pdwarden.remediation.policy.plan import DecodePod
-from pdwarden.remediation.scrape import sanitize, sglang_args
+from pdwarden.remediation.scrape import sanitize
 from pdwarden.values import RoomView, Sample
 
 Obj = Mapping[str, Any]
 # A pod whose last good scrape is older than this many scrape intervals is stale.
 STALE_AFTER_INTERVALS: Final = 2.5
 WORKER_ROLES: Final = (ROLE_PREFILL, ROLE_DECODE)
+# Canary effects kept per pod: more than fit in a history window at the shortest canary period.
+MAX_CANARY_EFFECTS: Final = 256
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,13 @@ class PodMemory:
     rooms: deque[tuple[float, tuple[RoomView, ...]]] = field(default_factory=deque)
     last_error: str | None = None
     last_ok: float | None = None
+    # What the canaries sent through this pod added to its counters: (monotonic time the canary
+    # ended, Sample field -> amount). Detection reads the history without them (`organic`).
+    canary_effects: deque[tuple[float, Mapping[str, float]]] = field(
+        default_factory=lambda: deque(maxlen=MAX_CANARY_EFFECTS)
+    )
+    canary_at: float | None = None  # when the last pair canary through this pod began
+    canary_misses: int = 0  # pair canaries in a row this pod gave no answer to (`decide.pairs`)
 
 
 @dataclass
@@ -76,6 +87,11 @@ class DeploymentMemory:
     foreign: set[str] = field(default_factory=set)  # look-alike pods already reported
     cycles: int = 0  # cycles run by this process: the first one also reconstructs the ledger
     too_large: set[str] = field(default_factory=set)  # pods whose refused body was announced
+    # ("uid/restarts" of the prefill, of the decode) of pairs a pair canary decoded through: warm,
+    # their KV handshake done, so their canaries get the short deadline (pods still scraped).
+    warm_pairs: set[tuple[str, str]] = field(default_factory=set)
+    # (pod incarnation, rule) of each configuration advisory announced by an Event, while it lasts.
+    advised: set[tuple[str, str]] = field(default_factory=set)
 
 
 def _role(pod: Obj) -> str | None:
@@ -83,13 +99,14 @@ def _role(pod: Obj) -> str | None:
     return role if isinstance(role, str) else None
 
 
-def rooms_wait_for_decode_kv(pod: Obj, engine: str | None, role: str) -> bool:
-    """Whether rooms may wait in this prefill's inflight queue for a decode to allocate KV,
-    from the pod's launch flags (`scrape.sglang_args`); True (the excuse stays) for anything
-    else: pdworker prefills are judged by their rooms API, not by this excuse."""
-    if engine == "sglang" and role == ROLE_PREFILL:
-        return sglang_args.rooms_wait_for_decode_kv(pod)
-    return True
+def worker_pod(pod: Obj, engine: str, name: str, uid: str, role: str, *, ip: str) -> WorkerPod:
+    """A pod to scrape, with what its engine says about it: whether its prefill lists rooms,
+    and whether rooms may wait in its inflight queue for a decode's KV (its launch flags)."""
+    e = engines.get(engine)
+    return WorkerPod(
+        name=name, uid=uid, role=role, ip=ip, rooms=e.rooms_api and role == ROLE_PREFILL,
+        engine=engine, rooms_wait_for_decode_kv=e.rooms_wait_for_decode_kv(pod, role),
+    )  # fmt: skip
 
 
 def scrape_targets(pods: Sequence[Obj], engine: str) -> list[WorkerPod]:
@@ -103,12 +120,10 @@ def scrape_targets(pods: Sequence[Obj], engine: str) -> list[WorkerPod]:
         if meta.get("deletionTimestamp") or st.get("phase") != "Running":
             continue
         out.append(
-            WorkerPod(
-                name=str(meta["name"]), uid=str(meta["uid"]), role=str(role),
-                ip=str(st["podIP"]), rooms=(engine == "pdworker" and role == ROLE_PREFILL),
-                engine=engine, rooms_wait_for_decode_kv=rooms_wait_for_decode_kv(pod, engine, role),
+            worker_pod(
+                pod, engine, str(meta["name"]), str(meta["uid"]), str(role), ip=str(st["podIP"])
             )
-        )  # fmt: skip
+        )
     return out
 
 
@@ -134,6 +149,9 @@ def remember(
     for uid in list(mem.pods):
         if uid not in alive:
             del mem.pods[uid]
+    mem.warm_pairs = {
+        (p, d) for p, d in mem.warm_pairs if p.split("/")[0] in alive and d.split("/")[0] in alive
+    }
     for o in observations:
         pm = mem.pods.setdefault(o.uid, PodMemory())
         if o.sample is None:
@@ -148,6 +166,33 @@ def remember(
             pm.rooms.append((o.sample.at, working_rooms(o.rooms)))
         while pm.rooms and o.sample.at - pm.rooms[0][0] > keep_seconds:
             pm.rooms.popleft()
+        # An effect older than every sample kept shifts them all alike: it changes no delta.
+        while pm.canary_effects and pm.samples and pm.canary_effects[0][0] < pm.samples[0].at:
+            pm.canary_effects.popleft()
+
+
+def organic(
+    samples: Sequence[Sample], effects: Sequence[tuple[float, Mapping[str, float]]]
+) -> tuple[Sample, ...]:
+    """The samples as the pod's own work moved them: every counter less what the canaries sent
+    through it had added by then. Canaries are traffic pdwarden sent itself; subtracted here,
+    no rule can ever read one as progress (a frozen pod plus canaries is still a frozen pod)."""
+    if not effects:
+        return tuple(samples)
+    out = []
+    for s in samples:
+        total: dict[str, float] = {}
+        for at, effect in effects:
+            if at <= s.at:
+                for name, amount in effect.items():
+                    total[name] = total.get(name, 0.0) + amount
+        changes = {
+            name: getattr(s, name) - amount
+            for name, amount in total.items()
+            if name in COUNTER_FIELDS and getattr(s, name) is not None
+        }
+        out.append(replace(s, **changes) if changes else s)
+    return tuple(out)
 
 
 def is_stale(pm: PodMemory, mono: float, interval: float) -> bool:
@@ -192,7 +237,8 @@ def pod_views(
         recent = tuple((at, attribute_peers(rs, decode_ips)) for at, rs in pm.rooms)
         views.append(
             PodView(
-                name=t.name, role=t.role, uid=t.uid, history=tuple(pm.samples),
+                name=t.name, role=t.role, uid=t.uid,
+                history=organic(pm.samples, pm.canary_effects),
                 rooms=rooms, recent_rooms=recent,
                 stale=is_stale(pm, mono, interval) or o is None, error=pm.last_error,
                 rooms_wait_for_decode_kv=t.rooms_wait_for_decode_kv,
@@ -220,7 +266,7 @@ def _condition(pod: Obj, type_: str) -> Obj | None:
     return None
 
 
-def decode_pod(pod: Obj, stale: bool, now: datetime) -> DecodePod:
+def decode_pod(pod: Obj, stale: bool, now: datetime) -> PodState:
     """A decode pod's serving state; one whose cordon time cannot be read counts as cordoned
     now (the safe reading: no restart is hurried, no uncordon is skipped)."""
     meta = pod.get("metadata") or {}
@@ -235,7 +281,7 @@ def decode_pod(pod: Obj, stale: bool, now: datetime) -> DecodePod:
         if since.tzinfo is None:
             since = now
     ready = (_condition(pod, "Ready") or {}).get("status") == "True"
-    return DecodePod(
+    return PodState(
         name=str(meta.get("name") or ""),
         uid=str(meta.get("uid") or ""),
         ready=ready,
@@ -247,7 +293,7 @@ def decode_pod(pod: Obj, stale: bool, now: datetime) -> DecodePod:
 
 def decode_pods(
     pods: Sequence[Obj], stale: set[str], now: datetime, role: str = ROLE_DECODE
-) -> list[DecodePod]:
+) -> list[PodState]:
     """The serving state of every pod of one role (decode by default; the SGLang prefill rung
     reads prefill pods the same way)."""
     out = []
@@ -264,8 +310,9 @@ FindingKey = tuple[str, str, str]
 def new_findings(
     first_seen: dict[FindingKey, datetime], detection: Detection, now: datetime
 ) -> list[Finding]:
-    """Findings not seen in the previous cycle (announced once); `first_seen` is updated."""
-    current = {(f.pod, f.reason, f.peer or ""): f for f in detection.findings}
+    """Findings not seen in the previous cycle (announced once, keyed by `Finding.identity`,
+    so a wedge whose suspects change is not announced again); `first_seen` is updated."""
+    current = {f.identity: f for f in detection.findings}
     for key in list(first_seen):
         if key not in current:
             del first_seen[key]

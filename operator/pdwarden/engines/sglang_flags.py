@@ -21,14 +21,16 @@ serve`), shell one-liners included. Read as SGLang's argparse reads them (server
 `ArgumentParser` with `allow_abbrev` on): the last occurrence wins, `--flag value` and
 `--flag=value`, and any prefix of a flag that names no other flag. When the answer cannot be
 known (no SGLang command line, a `--config` file that may set anything, a value that does not
-parse) the excuse stays: it can only delay a finding, never cause one.
+parse) the excuse stays: it can only delay a finding, never cause one. The configuration advisor
+(`sglang_advice`) reads the same command line through `server` and `last_value`.
 """
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
+
+from pdwarden.engines import pod_command
 
 # Flag -> the shortest prefix of it that names no other 0.5.23 flag (argparse accepts any prefix
 # from there on). Checked against the wheel's srt/arg_groups/fields/ by a test.
@@ -39,42 +41,31 @@ ALLOCATION: Final[Flag] = (
     ("--disaggregation-decode-allocation-policy", "--disaggregation-decode-a"),
 )
 PP_SIZE: Final[Flag] = (("--pp-size", "--pp-s"), ("--pipeline-parallel-size", "--pi"))
+# Read by the configuration advisor (sglang_advice).
+MODE: Final[Flag] = (("--disaggregation-mode", "--disaggregation-m"),)
+WATCHDOG: Final[Flag] = (("--watchdog-timeout", "--watc"),)
 CONFIG: Final = "--config"  # server_args.py:683-689: merges a YAML file of flags
-MAX_TOKENS: Final = 4096  # of one container's command line, after shell splitting
 
 
 def launch_tokens(pod: Mapping[str, Any]) -> list[str] | None:
     """The command line of the pod's SGLang server, split like a shell would; None if no
     container runs one."""
-    containers = ((pod.get("spec") or {}).get("containers")) or []
-    for c in containers if isinstance(containers, list) else []:
-        if not isinstance(c, Mapping):
-            continue
-        raw = [*(c.get("command") or []), *(c.get("args") or [])]
-        tokens: list[str] = []
-        for item in raw[:MAX_TOKENS]:
-            if not isinstance(item, str):
-                continue
-            if any(ch.isspace() for ch in item):  # `sh -c "python3 -m sglang.launch_server ..."`
-                try:
-                    tokens += shlex.split(item)
-                except ValueError:
-                    tokens.append(item)
-            else:
-                tokens.append(item)
-        tokens = tokens[:MAX_TOKENS]
-        if any(_is_sglang_entry(t, tokens[i + 1 : i + 2]) for i, t in enumerate(tokens)):
-            return tokens
-    return None
+    command = server(pod)
+    return None if command is None else list(command.tokens)
 
 
-def _is_sglang_entry(token: str, following: Sequence[str]) -> bool:
+def server(pod: Mapping[str, Any]) -> pod_command.ServerCommand | None:
+    """The pod's SGLang server container: its command line and its literal environment."""
+    return pod_command.server_command(pod, is_sglang_entry)
+
+
+def is_sglang_entry(token: str, following: Sequence[str]) -> bool:
     return token.endswith("sglang.launch_server") or (
         token.rsplit("/", maxsplit=1)[-1] == "sglang" and list(following) == ["serve"]
     )
 
 
-def _last_value(tokens: Sequence[str], flag: Flag) -> str | None:
+def last_value(tokens: Sequence[str], flag: Flag) -> str | None:
     """The value of the flag's last occurrence under any of its names (argparse keeps the
     last), or None."""
     value = None
@@ -97,11 +88,11 @@ def rooms_wait_for_decode_kv(pod: Mapping[str, Any]) -> bool:
     if tokens is None or any(t.partition("=")[0] == CONFIG for t in tokens):
         return True
     try:
-        attempts = int(_last_value(tokens, OPTIMISTIC) or "0")
-        pp = int(_last_value(tokens, PP_SIZE) or "1")
+        attempts = int(last_value(tokens, OPTIMISTIC) or "0")
+        pp = int(last_value(tokens, PP_SIZE) or "1")
     except ValueError:
         return True  # SGLang would refuse to start; nothing to judge anyway
-    policy = _last_value(tokens, ALLOCATION) or "early"
+    policy = last_value(tokens, ALLOCATION) or "early"
     if policy != "early":
         return True  # prefill_complete (or a value this table does not know)
     return attempts > 0 and pp <= 1

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 from pdwarden.api import NetworkPeer
 from pdwarden.api.network import NAMESPACE_NAME_LABEL
-from pdwarden.constants import LABEL_DEPLOYMENT, LABEL_ROLE, ROLE_DECODE, ROLE_PREFILL
-from pdwarden.render.common import WORKER_PORT, Obj, Owner, metadata
+from pdwarden.constants import LABEL_DEPLOYMENT, LABEL_ROLE, ROLE_DECODE, ROLE_PREFILL, WORKER_PORT
+from pdwarden.render.common import Obj, Owner, metadata
 
 # The labels every operator pod of the Helm chart carries (helm/pdwarden/templates/_helpers.tpl,
 # pdwarden.selectorLabels + pdwarden.labels).

@@ -10,6 +10,7 @@ a cycle's status is written through the guarded store before its entries are for
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -23,16 +24,17 @@ from pdwarden.api.base import StatusModel
 from pdwarden.api.status import MAX_HISTORY
 from pdwarden.constants import ANNOTATION_RESET_BREAKER, API_VERSION
 from pdwarden.k8s import ApiError
-from pdwarden.ports import AdminApi, CanaryApi, KubeApi, WorkerApi
+from pdwarden.ports import AdminApi, CanaryApi, KubeApi, PairCanaryApi, WorkerApi
 from pdwarden.remediation import cycle
-from pdwarden.remediation.act.sglang import PrefillAborter, SGLangAdmin
+from pdwarden.remediation.act.sglang_abort import PrefillAborter, SGLangAdmin
 from pdwarden.remediation.confirm.canary import Canary
+from pdwarden.remediation.confirm.pair_canary import PairCanarySender
+from pdwarden.remediation.memory import DeploymentMemory
 from pdwarden.remediation.record.journal import StatusJournal
 from pdwarden.remediation.record.ledger import missing_from
 from pdwarden.remediation.record.store import StatusCache, write
-from pdwarden.remediation.scrape.client import WorkerClient
+from pdwarden.remediation.scrape.worker_client import WorkerClient
 from pdwarden.remediation.seams import Kind, Tools
-from pdwarden.remediation.views import DeploymentMemory
 
 log = logging.getLogger("pdwarden.handlers")
 IDLE_INTERVAL = 5.0
@@ -73,6 +75,9 @@ class DaemonState(Protocol[S]):
     @property
     def cycles(self) -> Counter[str]: ...
 
+    @property
+    def gone(self) -> set[str]: ...
+
     def lock_for(self, uid: str) -> asyncio.Lock: ...
 
 
@@ -82,13 +87,18 @@ def tools_for(
     admin: AdminApi,
     sglang: PrefillAborter | None,
     canary: CanaryApi | None,
+    *,
+    pair: PairCanaryApi | None = None,
 ) -> Tools:
     """The clients a kind's cycles act through. The SGLang abort reads gauges through `workers`,
-    and the vLLM canary holds a slot of the same per-object shares (`scrape.client`): one
+    and the vLLM canary holds a slot of the same per-object shares (`scrape.worker_client`): one
     object's slow pods never take another object's slots. A `workers` that is not the scrape
     client (a test's fake) gets a canary on a client of its own."""
     shares = workers if isinstance(workers, WorkerClient) else WorkerClient()
-    return Tools(client, workers, admin, sglang or SGLangAdmin(workers), canary or Canary(shares))
+    return Tools(
+        client, workers, admin, sglang or SGLangAdmin(workers), canary or Canary(shares),
+        pair=pair or PairCanarySender(shares, workers),
+    )  # fmt: skip
 
 
 def names(body: Mapping[str, Any]) -> tuple[str, str]:
@@ -102,6 +112,16 @@ def interval(body: Mapping[str, Any], parse: Callable[[Mapping[str, Any]], _Spec
         return float(parse(body.get("spec") or {}).remediation.scrape_interval_seconds)
     except Exception:  # an invalid spec: reported elsewhere (reconcile, the policy's status)
         return IDLE_INTERVAL
+
+
+async def vanished(client: KubeApi, kind: str, body: Mapping[str, Any]) -> bool:
+    """Whether the object `body` stands for is gone: not found, or its name now holds another
+    incarnation. Asked after a write for it was answered 404: kopf never hears of an object
+    deleted while its watch was down (after 410 Gone it lists again, and a list says what
+    exists, not what vanished), so its daemons would run on for it."""
+    namespace, name = names(body)
+    current = await client.get(API_VERSION, kind, namespace, name)
+    return current is None or (current.get("metadata") or {}).get("uid") != body["metadata"]["uid"]
 
 
 async def contained(
@@ -146,7 +166,15 @@ async def record_cycle(state: DaemonState[S], body: Mapping[str, Any], spec: Any
     base, new = journal.final(result.status)
     try:
         known = await write(state.statuses.kind, state.client, namespace, name, base=base, new=new)
-    except ApiError:
+    except ApiError as e:
+        gone = False
+        if e.status == 404:
+            with contextlib.suppress(ApiError):
+                gone = await vanished(state.client, state.statuses.kind.kind, body)
+        if gone:
+            state.gone.add(uid)
+            log.warning("%s/%s: deleted while unwatched; its daemon stops", namespace, name)
+            return
         metrics.ERRORS.labels("status_write").inc()
         raise  # the entries stay in memory (mem.unrecorded); the next cycle writes them
     state.statuses.remember(uid, known)
@@ -181,6 +209,8 @@ async def daemon_cycle(
     cycle."""
 
     async def run() -> float:
+        if str(body["metadata"]["uid"]) in state.gone:
+            return IDLE_INTERVAL  # found deleted: the daemon ends after this call
         spec = spec_of()
         if spec is None:
             if idle is not None:

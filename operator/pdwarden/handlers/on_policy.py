@@ -1,8 +1,8 @@
 """What the kopf handlers of PDRemediationPolicy do, as plain async functions (main.py registers).
 
-Why separate from deployment.py: a policy has no reconcile pass, only its remediation daemon,
+Why separate from on_deployment.py: a policy has no reconcile pass, only its remediation daemon,
 and its own status model and memory; sharing the process-wide clients is all it needs of the
-PDDeployment side. Its cycle is the same one (`handlers.cycle`): every pass over one policy is
+PDDeployment side. Its cycle is the same one (`handlers.daemon`): every pass over one policy is
 serialized and every error is contained: a failed cycle is logged and counted (metric
 pdwarden_operator_errors, stage "policy_cycle") and the next one runs on time.
 """
@@ -19,16 +19,16 @@ from typing import Any
 from pdwarden import metrics
 from pdwarden.api import InvalidSpec, PDRemediationPolicyStatus, parse_policy_spec
 from pdwarden.constants import POLICY_KIND
-from pdwarden.handlers.cycle import daemon_cycle, names, tools_for
-from pdwarden.k8s.events import post_event
-from pdwarden.ports import AdminApi, CanaryApi, ForeignPodApi, KubeApi, WorkerApi
-from pdwarden.remediation.act.sglang import PrefillAborter
+from pdwarden.handlers.daemon import daemon_cycle, names, tools_for
+from pdwarden.k8s.event_sink import post_event
+from pdwarden.ports import AdminApi, CanaryApi, ForeignPodApi, KubeApi, PairCanaryApi, WorkerApi
+from pdwarden.remediation.act.sglang_abort import PrefillAborter
 from pdwarden.remediation.act.worker_admin import WorkerAdmin
-from pdwarden.remediation.kinds.policy import PolicyKind, effective_policy_spec
-from pdwarden.remediation.record.policy_status import inactive_status
+from pdwarden.remediation.kinds.policy_kind import PolicyKind, effective_policy_spec
+from pdwarden.remediation.memory import DeploymentMemory
+from pdwarden.remediation.record.policy_report import inactive_status
 from pdwarden.remediation.record.store import POLICY, StatusCache, write
 from pdwarden.remediation.seams import Tools, now_utc
-from pdwarden.remediation.views import DeploymentMemory
 
 
 @dataclass
@@ -42,6 +42,7 @@ class PolicyState:
     global_dry_run: bool = False
     sglang: PrefillAborter | None = None
     canary: CanaryApi | None = None  # default: on the tenant shares of `workers`
+    pair: PairCanaryApi | None = None  # default: on the tenant shares of `workers`
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     statuses: StatusCache[PDRemediationPolicyStatus] = field(init=False)
     kind: PolicyKind = field(init=False)
@@ -50,11 +51,15 @@ class PolicyState:
     # Finished cycles per policy UID: progress a test can wait for before asserting that
     # nothing happened.
     cycles: Counter[str] = field(default_factory=Counter)
+    # UIDs of policies found deleted behind kopf's back (`handlers.daemon.vanished`).
+    gone: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.statuses = StatusCache(POLICY, self.client)
         self.kind = PolicyKind(self.client, self.foreign)
-        self.tools = tools_for(self.client, self.workers, self.admin, self.sglang, self.canary)
+        self.tools = tools_for(
+            self.client, self.workers, self.admin, self.sglang, self.canary, pair=self.pair
+        )
 
     def lock_for(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())
@@ -88,6 +93,11 @@ async def report_inactive(state: PolicyState, body: Mapping[str, Any]) -> None:
         state.statuses.remember(uid, known)
         if invalid is not None and known.status != previous.status:
             await post_event(state.client, dict(body), "InvalidSpec", invalid, "Warning")
+
+
+def policy_gone(state: PolicyState, body: Mapping[str, Any]) -> bool:
+    """Whether the policy was found deleted behind kopf's back: its daemon ends."""
+    return str(body["metadata"]["uid"]) in state.gone
 
 
 def forget_policy(state: PolicyState, body: Mapping[str, Any]) -> None:

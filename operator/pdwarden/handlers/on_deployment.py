@@ -22,20 +22,20 @@ import kopf
 from pdwarden import metrics
 from pdwarden.api import InvalidSpec, PDDeploymentSpec, PDDeploymentStatus, parse_spec
 from pdwarden.constants import KIND
-from pdwarden.handlers.cycle import daemon_cycle, names, tools_for
+from pdwarden.handlers.daemon import daemon_cycle, names, tools_for, vanished
 from pdwarden.k8s import ApiError
-from pdwarden.ports import AdminApi, CanaryApi, KubeApi, WorkerApi
-from pdwarden.reconciling.reconcile import PassResult, TransientError, reconcile
-from pdwarden.remediation.act.sglang import PrefillAborter
+from pdwarden.ports import AdminApi, CanaryApi, KubeApi, PairCanaryApi, WorkerApi
+from pdwarden.reconciling.reconcile import OwnerGone, PassResult, TransientError, reconcile
+from pdwarden.remediation.act.sglang_abort import PrefillAborter
 from pdwarden.remediation.act.worker_admin import WorkerAdmin
-from pdwarden.remediation.kinds.deployment import DeploymentKind
+from pdwarden.remediation.kinds.deployment_kind import DeploymentKind
+from pdwarden.remediation.memory import DeploymentMemory
 from pdwarden.remediation.record.ledger import mode_off_status
 from pdwarden.remediation.record.store import DEPLOYMENT, StatusCache, write
-from pdwarden.remediation.scrape.client import WorkerClient
+from pdwarden.remediation.scrape.worker_client import WorkerClient
 from pdwarden.remediation.seams import Tools, now_utc
-from pdwarden.remediation.views import DeploymentMemory
 
-log = logging.getLogger("pdwarden.handlers.deployment")
+log = logging.getLogger("pdwarden.handlers.on_deployment")
 RETRY_DELAY = 5.0
 
 
@@ -52,8 +52,12 @@ class OperatorState:
     admin: AdminApi = field(default_factory=WorkerAdmin)
     sglang: PrefillAborter | None = None
     canary: CanaryApi | None = None  # default: on the tenant shares of `workers`
+    pair: PairCanaryApi | None = None  # default: on the tenant shares of `workers`
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     known: set[str] = field(default_factory=set)
+    # UIDs of objects found deleted behind kopf's back (`handlers.daemon.vanished`): their
+    # daemons stop, nothing more is written for them.
+    gone: set[str] = field(default_factory=set)
     statuses: StatusCache[PDDeploymentStatus] = field(init=False)
     kind: DeploymentKind = field(init=False)
     tools: Tools = field(init=False)
@@ -66,7 +70,9 @@ class OperatorState:
     def __post_init__(self) -> None:
         self.statuses = StatusCache(DEPLOYMENT, self.client)
         self.kind = DeploymentKind(self.client, self.token_key)
-        self.tools = tools_for(self.client, self.workers, self.admin, self.sglang, self.canary)
+        self.tools = tools_for(
+            self.client, self.workers, self.admin, self.sglang, self.canary, pair=self.pair
+        )
 
     def lock_for(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())
@@ -77,6 +83,8 @@ async def reconcile_now(
 ) -> PassResult:
     """One reconcile pass; any failure becomes kopf.TemporaryError (retried), counted."""
     uid = body["metadata"]["uid"]
+    if uid in state.gone:
+        return PassResult(applied=[], status={})
     try:
         async with state.lock_for(uid):
             # Read under the lock: the resync daemon's first pass waits here while kopf's
@@ -94,7 +102,16 @@ async def reconcile_now(
             if result.known is not None:
                 state.statuses.remember(uid, result.known)
             state.known.add(uid)
+    except OwnerGone as e:
+        found_gone(state, body, str(e))
+        return PassResult(applied=[], status={})
     except (TransientError, ApiError) as e:
+        cause = e if isinstance(e, ApiError) else e.__cause__
+        if isinstance(cause, ApiError) and cause.status == 404:
+            with contextlib.suppress(ApiError):
+                if await vanished(state.client, KIND, body):
+                    found_gone(state, body, f"its status write found no object: {cause}")
+                    return PassResult(applied=[], status={})
         raise kopf.TemporaryError(f"API server error, retrying: {e}", delay=RETRY_DELAY) from e
     except Exception as e:
         metrics.ERRORS.labels("reconcile").inc()
@@ -130,6 +147,17 @@ async def remediation_cycle(state: OperatorState, body: Mapping[str, Any]) -> fl
         what="remediation cycle", counter=metrics.REMEDIATION_CYCLES,
         idle=lambda: report_mode_off(state, body),
     )  # fmt: skip
+
+
+def is_gone(state: OperatorState, body: Mapping[str, Any]) -> bool:
+    """Whether the object was found deleted behind kopf's back: its daemons end, each calling
+    `forget` on its way out (kopf's delete handler never runs for it)."""
+    return str(body["metadata"]["uid"]) in state.gone
+
+
+def found_gone(state: OperatorState, body: Mapping[str, Any], why: str) -> None:
+    state.gone.add(str(body["metadata"]["uid"]))
+    log.warning("%s/%s: deleted while unwatched (%s); its daemons stop", *names(body), why)
 
 
 async def report_mode_off(state: OperatorState, body: Mapping[str, Any]) -> None:

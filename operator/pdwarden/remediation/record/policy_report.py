@@ -25,9 +25,10 @@ from pdwarden.api import (
     PolicyConditionType,
 )
 from pdwarden.api.policy_status import MAX_HELD_BACK, PolicyDecodeStatus, PolicyRoleStatus
+from pdwarden.remediation.decide import Plan, PodState
+from pdwarden.remediation.detect.advisories import PodAdvice
 from pdwarden.remediation.detect.rules import Detection
 from pdwarden.remediation.policy.cordon import CordonCheck
-from pdwarden.remediation.policy.plan import DecodePod, Plan
 from pdwarden.remediation.policy.scope import Scope, conflict_message, is_cordoned
 from pdwarden.remediation.record.ledger import cycle_status
 
@@ -104,9 +105,9 @@ def inactive_status(
 ) -> PDRemediationPolicyStatus:
     """The status of a policy that runs no cycles, saying why: mode Off (RemediationSuspended,
     reason ModeOff) or a spec that slipped past the schema (`invalid`, the parser's message:
-    Degraded, reason InvalidSpec, as for a PDDeployment). Either way Ready is False and Wedged
-    Unknown (nothing is scraped), and wedges and holds from earlier cycles are dropped: they are
-    no longer watched."""
+    Degraded, reason InvalidSpec, as for a PDDeployment). Either way Ready is False, Wedged and
+    Advisories Unknown (nothing is scraped or read), and wedges and holds from earlier cycles are
+    dropped: they are no longer watched."""
     if invalid is None:
         reason = "ModeOff"
         message = "spec.remediation.mode is Off: the selected pods are neither scraped nor acted on"
@@ -115,7 +116,7 @@ def inactive_status(
         reason, message, suspended = "InvalidSpec", invalid, "Degraded"
     conditions = list(previous.conditions)
     values: tuple[tuple[PolicyConditionType, bool | None], ...] = (
-        (suspended, True), ("Ready", False), ("Wedged", None),
+        (suspended, True), ("Ready", False), ("Wedged", None), ("Advisories", None),
     )  # fmt: skip
     for type_, value in values:
         conditions = _set(conditions, type_, value, reason=reason, message=message, now=now,
@@ -136,7 +137,7 @@ def inactive_status(
 
 def as_deployment_status(status: PDRemediationPolicyStatus) -> PDDeploymentStatus:
     """The part of a policy's status that a PDDeployment's status also has (conditions of the
-    five shared types, wedges, the ledger), so `ledger.cycle_status` and
+    six shared types, wedges, the ledger), so `ledger.cycle_status` and
     `ledger.breaker_reset_at` run on it unchanged: one implementation for both kinds."""
     return PDDeploymentStatus(
         conditions=[
@@ -175,20 +176,21 @@ def policy_cycle_status(
     detection: Detection,
     decision: Plan,
     history: Sequence[LedgerEntry],
-    decodes: Sequence[DecodePod],
+    decodes: Sequence[PodState],
     held_back: Sequence[HeldBack],
     done: Sequence[LedgerEntry],
     now: datetime,
     reset_at: datetime | None,
     generation: int | None,
+    advisories: Sequence[PodAdvice] = (),
 ) -> PDRemediationPolicyStatus:
-    """The policy's status after one cycle: the PDDeployment's wedges, ledger, Wedged and
-    RemediationSuspended (ledger.cycle_status), selection (pods, refusals, Conflict,
-    CordonUnavailable), Ready, and what a PDB held back."""
+    """The policy's status after one cycle: the PDDeployment's wedges, ledger, Wedged,
+    RemediationSuspended and Advisories (ledger.cycle_status), selection (pods, refusals,
+    Conflict, CordonUnavailable), Ready, and what a PDB held back."""
     shared = cycle_status(
         previous=as_deployment_status(previous), policy=spec.remediation, generation=generation,
         detection=detection, decision=decision, history=history, decodes=decodes, now=now,
-        reset_at=reset_at,
+        reset_at=reset_at, advisories=advisories,
     )  # fmt: skip
     updated: dict[str, PolicyCondition] = {
         c.type: PolicyCondition.model_validate(c.model_dump()) for c in shared.conditions

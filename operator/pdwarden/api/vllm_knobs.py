@@ -18,12 +18,12 @@ from pydantic import Field
 
 from pdwarden.api.base import ApiModel, Rule, nested
 from pdwarden.api.kube import Quantity
-from pdwarden.api.sglang import CacheSpec
+from pdwarden.api.sglang_knobs import CacheSpec
 
 DEFAULT_STARTUP_SECONDS = 1800
 DEFAULT_SHM_SIZE = "8Gi"
 
-# Flags pdwarden puts on a vLLM worker's command line (render/engines.py), plus those that would
+# Flags pdwarden puts on a vLLM worker's command line (engines/vllm.py), plus those that would
 # break PD or detection. A spec that repeats one in prefill.args or decode.args is refused.
 VLLM_OWNED_FLAGS: tuple[str, ...] = (
     "--model",

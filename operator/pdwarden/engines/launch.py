@@ -1,7 +1,7 @@
 """What a container runs, whatever the engine: command, environment, probes, volumes.
 
-Why a module: engines.py (pdworker, SGLang) and vllm.py (stock vLLM) both build Launches; the
-type and the shared mount points sit below both so neither imports the other's floor.
+Why a module: every engine module builds Launches and the renderer (render/pods.py) turns one
+into a pod template; the type and the shared mount points sit below both.
 """
 
 from __future__ import annotations

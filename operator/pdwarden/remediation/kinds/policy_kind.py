@@ -7,7 +7,7 @@ tolerate: a cordon is a label (admitted only while the Service in front selects 
 held back as CordonUnavailable), a restart an eviction (PodDisruptionBudgets decide). FailRooms
 uses pdworker's admin API with the token from spec.adminTokenSecretRef; AbortRequests SGLang's
 /abort_request with that Secret's key as its --admin-api-key. The status is the PDDeployment's
-status logic on the policy's status (`record.policy_status`).
+status logic on the policy's status (`record.policy_report`).
 """
 
 from __future__ import annotations
@@ -33,9 +33,11 @@ from pdwarden.k8s import ApiError
 from pdwarden.ports import ForeignPodApi, KubeApi
 from pdwarden.remediation.act import pod_label, restart
 from pdwarden.remediation.act.done import Done, skipped
+from pdwarden.remediation.decide import Plan, PlannedAction, PodState
+from pdwarden.remediation.detect.advisories import PodAdvice
 from pdwarden.remediation.detect.rules import Detection
+from pdwarden.remediation.memory import DeploymentMemory, WorkerPod, worker_pod
 from pdwarden.remediation.policy.cordon import CordonCheck, cordon_check
-from pdwarden.remediation.policy.plan import Action, DecodePod, Plan
 from pdwarden.remediation.policy.scope import (
     ForeignPod,
     Scope,
@@ -43,12 +45,11 @@ from pdwarden.remediation.policy.scope import (
     foreign_pod,
     select,
 )
-from pdwarden.remediation.record.policy_status import as_deployment_status, policy_cycle_status
+from pdwarden.remediation.record.policy_report import as_deployment_status, policy_cycle_status
 from pdwarden.remediation.seams import Seen
-from pdwarden.remediation.views import DeploymentMemory, WorkerPod, rooms_wait_for_decode_kv
 from pdwarden.values import Target
 
-log = logging.getLogger("pdwarden.remediation.kinds.policy")
+log = logging.getLogger("pdwarden.remediation.kinds.policy_kind")
 
 
 @dataclass
@@ -62,6 +63,12 @@ class PolicySeen(Seen):
     def foreign(self, name: str) -> ForeignPod | None:
         return (self.matched or {}).get(name)
 
+    def advised(self) -> Sequence[Mapping[str, Any]]:
+        """Matched pods the policy does not refuse: one a PDDeployment owns is reported there,
+        one selected twice is the Conflict condition's."""
+        refused = self.scope.refused_names
+        return [p for p in self.pods if (p.get("metadata") or {}).get("name") not in refused]
+
 
 def worker_pods(scope: Scope, raw: Mapping[str, Mapping[str, Any]], engine: str) -> list[WorkerPod]:
     """The eligible pods that can be scraped now: running, not terminating, with a pod IP."""
@@ -71,9 +78,7 @@ def worker_pods(scope: Scope, raw: Mapping[str, Mapping[str, Any]], engine: str)
             phase = (raw.get(p.name, {}).get("status") or {}).get("phase")
             if p.terminating or not p.ip or not p.uid or phase != "Running":
                 continue
-            rooms = engine == "pdworker" and role == ROLE_PREFILL
-            waits = rooms_wait_for_decode_kv(raw.get(p.name, {}), engine, role)
-            out.append(WorkerPod(p.name, p.uid, role, p.ip, rooms, engine, waits))
+            out.append(worker_pod(raw.get(p.name, {}), engine, p.name, p.uid, role, ip=p.ip))
     return out
 
 
@@ -183,13 +188,13 @@ class PolicyKind:
     def serving(
         self, spec: PDRemediationPolicySpec, seen: PolicySeen, stale: set[str],
         history: Sequence[LedgerEntry], now: datetime,
-    ) -> tuple[list[DecodePod], list[DecodePod]]:  # fmt: skip
+    ) -> tuple[list[PodState], list[PodState]]:  # fmt: skip
         decodes = [
             replace(d, stale=d.stale or d.name in stale)
             for d in decode_pods_for_plan(spec, seen.scope, cordoned_since(history), now)
         ]
         prefills = [
-            DecodePod(p.name, p.uid, p.ready, terminating=p.terminating, stale=p.name in stale)
+            PodState(p.name, p.uid, p.ready, terminating=p.terminating, stale=p.name in stale)
             for p in seen.scope.prefill_matched
         ]
         return decodes, prefills
@@ -198,7 +203,7 @@ class PolicyKind:
         return admissible(decision, seen.check)
 
     async def cordon(
-        self, spec: PDRemediationPolicySpec, seen: PolicySeen, action: Action, now: datetime
+        self, spec: PDRemediationPolicySpec, seen: PolicySeen, action: PlannedAction, now: datetime
     ) -> Done:
         pod = seen.foreign(action.pod)
         if pod is None or pod.owned_by_pdwarden:
@@ -206,7 +211,7 @@ class PolicyKind:
         return await pod_label.relabel(self.foreign, seen.namespace, action, pod, spec.cordon)
 
     async def restart(
-        self, spec: PDRemediationPolicySpec, seen: PolicySeen, action: Action, now: datetime
+        self, spec: PDRemediationPolicySpec, seen: PolicySeen, action: PlannedAction, now: datetime
     ) -> Done:
         pod = seen.foreign(action.pod)
         if pod is None or pod.owned_by_pdwarden:
@@ -228,7 +233,7 @@ class PolicyKind:
             return pod is None or pod.uid != entry.uid or pod.terminating
         if pod is None or (entry.uid and pod.uid != entry.uid):
             return None
-        action = Action(entry.action, entry.pod, entry.reason, uid=entry.uid or "")
+        action = PlannedAction(entry.action, entry.pod, entry.reason, uid=entry.uid or "")
         return pod_label.applied(action, pod, spec.cordon)
 
     def reconstruct(
@@ -242,14 +247,15 @@ class PolicyKind:
     def status(
         self, previous: PDRemediationPolicyStatus, spec: PDRemediationPolicySpec,
         seen: PolicySeen, *, detection: Detection, decision: Plan,
-        history: Sequence[LedgerEntry], decodes: Sequence[DecodePod],
+        history: Sequence[LedgerEntry], decodes: Sequence[PodState],
         done: Sequence[LedgerEntry], now: datetime, reset_at: datetime | None,
-        generation: int | None,
+        generation: int | None, advisories: Sequence[PodAdvice],
     ) -> PDRemediationPolicyStatus:  # fmt: skip
         return policy_cycle_status(
             previous=previous, spec=spec, scope=seen.scope, cordon=seen.check,
             detection=detection, decision=decision, history=history, decodes=decodes,
             held_back=seen.held, done=done, now=now, reset_at=reset_at, generation=generation,
+            advisories=advisories,
         )  # fmt: skip
 
 

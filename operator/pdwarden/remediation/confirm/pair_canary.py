@@ -1,0 +1,188 @@
+"""The pair canary: one request of one output token through a prefill and then a decode, sent
+the way the engine's own router sends it, so the KV really moves between the two.
+
+Why it exists: a frozen engine behind a live API server shows nothing but flat counters, and so
+does an idle one; a prefill frozen with no read in flight shows nothing at all. Nobody else asks
+the real transfer path of a pair (SGLang's /health uses a fake bootstrap, Dynamo's canary skips
+vLLM decodes). So a pod that went quiet (`decide.pairs`) is asked, through its pair's own PD
+path: for vLLM, the prefill leg with `kv_transfer_params.do_remote_decode` and the decode leg
+with the prefill's answer, which makes the decode pull the KV over NIXL.
+
+Outcomes, per leg in order: no answer within the deadline on an open connection while the
+pod's own progress counters (scraped before and after, through the same client) did not move
+either: that side is dead. A leg that times out while its pod's counters move is a slow engine,
+not a dead one: unknown. Anything else that is not an answer (refused, reset, an HTTP error such
+as 401 from a server run with --api-key, garbage, an answer over the byte cap, a prefill answer
+without what the decode leg must carry) is unknown, and unknown never acts. Both legs answered:
+decoded, with the time.
+
+Bounds: each leg holds one connection slot of its tenant's share only while it runs; every
+step has a deadline (a pair canary ends within MODELS_SECONDS + 2 x deadline + two scrapes);
+answers are read to MAX_ANSWER_BYTES and decoded as JSON only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Final
+
+import aiohttp
+
+from pdwarden.ports import WorkerApi
+from pdwarden.remediation.confirm.canary import (
+    CONNECT_SECONDS,
+    MODELS_SECONDS,
+    Shares,
+    Unknown,
+    has_choice,
+    model_id,
+    read_json,
+)
+from pdwarden.values import PairCanary, PairOutcome, PairResult, Sample, Target
+
+PROGRESS: Final = ("prefill_tokens", "generated_tokens", "kv_transfers", "completed", "failed")
+
+
+class _Dead(Exception):
+    """The leg got no answer in time (its pod's counters decide whether that means dead)."""
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One canary's fixed inputs, which every leg reads."""
+
+    canary: PairCanary
+    tenant: str
+    deadline: float
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """A leg that ended the canary: the outcome and why."""
+
+    outcome: PairOutcome
+    why: str
+
+
+def progressed(before: Sample | None, after: Sample | None) -> bool | None:
+    """Whether any progress counter differs between two samples; None if either is missing."""
+    if before is None or after is None:
+        return None
+    return any(getattr(before, c) != getattr(after, c) for c in PROGRESS)
+
+
+class PairCanarySender:
+    """Sends pair canaries (satisfies `ports.PairCanaryApi`)."""
+
+    def __init__(self, shares: Shares, workers: WorkerApi) -> None:
+        self.shares, self.workers = shares, workers
+
+    async def pair(
+        self, prefill: Target, decode: Target, canary: PairCanary, tenant: str = "",
+        deadline: float = 8.0,
+    ) -> PairResult:  # fmt: skip
+        """The outcome of one canary through `prefill` then `decode`, each leg within
+        `deadline` seconds; never raises (but cancellation)."""
+        if deadline <= 0:
+            return PairResult(prefill.pod, decode.pod, "unknown", "no time given to the canary")
+        try:
+            return await self._pair(prefill, decode, canary, tenant, deadline)
+        except Unknown as e:
+            return PairResult(prefill.pod, decode.pod, "unknown", str(e))
+        except Exception as e:  # anything unforeseen proves nothing either
+            why = f"pair canary failed: {type(e).__name__}"
+            return PairResult(prefill.pod, decode.pod, "unknown", why)
+
+    async def _sample(self, target: Target, tenant: str) -> Sample | None:
+        (res,) = await self.workers.scrape([target], None, tenant)
+        return res.sample
+
+    async def _pair(
+        self, prefill: Target, decode: Target, canary: PairCanary, tenant: str, deadline: float
+    ) -> PairResult:
+        started = time.monotonic()
+        before = await asyncio.gather(self._sample(prefill, tenant), self._sample(decode, tenant))
+        call = _Call(canary, tenant, deadline)
+        model = await self._model(prefill, canary, tenant)
+        answer = await self._leg(call, "prefill", prefill, canary.prefill_body(model), before[0])
+        if isinstance(answer, _Ended):
+            return PairResult(prefill.pod, decode.pod, answer.outcome, answer.why)
+        body = canary.decode_body(model, answer)
+        if body is None:
+            raise Unknown(f"the prefill's answer carries no {canary.carried} for the decode leg")
+        done = await self._leg(call, "decode", decode, body, before[1])
+        if isinstance(done, _Ended):
+            return PairResult(prefill.pod, decode.pod, done.outcome, done.why,
+                              prefill_answered=True)  # fmt: skip
+        took = time.monotonic() - started
+        return PairResult(
+            prefill.pod, decode.pod, "decoded",
+            f"{prefill.pod} -> {decode.pod}: KV moved and a token decoded in {took:.1f}s",
+            seconds=took, prefill_answered=True, decode_answered=True,
+        )  # fmt: skip
+
+    async def _model(self, target: Target, canary: PairCanary, tenant: str) -> str:
+        what = f"GET {canary.models_path} on {target.pod}"
+        timeout = aiohttp.ClientTimeout(total=MODELS_SECONDS)
+        try:
+            async with (
+                asyncio.timeout(MODELS_SECONDS),
+                self.shares.share(tenant).slots,
+                self.shares.session().get(target.base + canary.models_path, timeout=timeout) as r,
+            ):
+                return model_id(await read_json(r, what))
+        except (aiohttp.ClientError, OSError) as e:
+            raise Unknown(f"{what}: {type(e).__name__}") from None
+        except TimeoutError:
+            raise Unknown(f"{what}: no answer within {MODELS_SECONDS:g}s") from None
+
+    async def _leg(
+        self, call: _Call, role: str, target: Target, body: dict[str, Any], before: Sample | None
+    ) -> Any:
+        """The leg's JSON answer, or how it ended the canary."""
+        what = f"{role} leg on {target.pod}"
+        try:
+            answer = await self._post(call, target, body, what)
+        except _Dead:
+            moved = progressed(before, await self._sample(target, call.tenant))
+            late = f"{what}: no answer within {call.deadline:g}s"
+            if moved is None:
+                return _Ended("unknown", f"{late} and its metrics unreadable")
+            if moved:
+                return _Ended("unknown", f"{late}, but its counters move (slow, not dead)")
+            outcome: PairOutcome = "prefill_dead" if role == "prefill" else "decode_dead"
+            return _Ended(outcome, f"{late} while its API server answers and its own counters "
+                                   "stand still (engine frozen)")  # fmt: skip
+        if not has_choice(answer):
+            raise Unknown(f"{what}: answer without a choice")
+        return answer
+
+    async def _post(self, call: _Call, target: Target, body: dict[str, Any], what: str) -> Any:
+        deadline = call.deadline
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(CONNECT_SECONDS, deadline / 2))
+        slots = self.shares.share(call.tenant).slots
+        try:  # as short as the model list: a leg starts promptly or proves nothing
+            async with asyncio.timeout(MODELS_SECONDS):
+                await slots.acquire()
+        except TimeoutError:
+            raise Unknown(f"{what}: no connection slot free within {MODELS_SECONDS:g}s") from None
+        answering = False
+        try:
+            async with asyncio.timeout(deadline):
+                session = self.shares.session()
+                url = target.base + call.canary.path
+                async with session.post(url, json=body, timeout=timeout) as resp:
+                    answering = True
+                    return await read_json(resp, what)
+        except aiohttp.ClientError as e:
+            raise Unknown(f"{what}: {type(e).__name__}") from None
+        except TimeoutError:
+            if answering:
+                raise Unknown(f"{what}: the answer began but did not end in time") from None
+            raise _Dead from None
+        except OSError as e:
+            raise Unknown(f"{what}: {type(e).__name__}") from None
+        finally:
+            slots.release()

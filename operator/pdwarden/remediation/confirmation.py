@@ -1,0 +1,155 @@
+"""The confirm stage: ask suspect pods themselves before a suspicion is acted on.
+
+Why a module of its own, beside the cycle: the one-token canary on a decode a prefill's expired
+lease names (`confirm.canary`) and the pair canary through a quiet pod's prefill/decode pair
+(`confirm.pair_canary`) are the cycle's only waits on pods' answers; keeping the shell that
+sends them, counts them and remembers what they added to the pods' counters here keeps the cycle
+short. What the verdicts mean for the plan is pure (`decide.verdicts`, `decide.pairs`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from pdwarden import engines, metrics
+from pdwarden.api import LedgerEntry
+from pdwarden.remediation.decide import PodState, verdicts
+from pdwarden.remediation.decide.pairs import judged, pairs_to_ask, with_pair_outcomes
+from pdwarden.remediation.detect.evidence import PodView
+from pdwarden.remediation.detect.rules import Detection
+from pdwarden.remediation.memory import DeploymentMemory, PodMemory
+from pdwarden.remediation.scrape import sanitize
+from pdwarden.remediation.seams import Round, Seen
+from pdwarden.values import CanaryResult, PairResult, Target
+
+log = logging.getLogger("pdwarden.remediation.cycle")
+
+
+async def confirm(
+    r: Round[Any, Any, Any],
+    detection: Detection,
+    decodes: Sequence[PodState],
+    history: Sequence[LedgerEntry],
+) -> Detection:
+    """The confirm stage (engine vllm): a canary on each candidate decode (`decide.verdicts`), all
+    at once, each under its own deadline, at most one per pod; the verdicts folded into the
+    detection the plan, the status and the Events read. Never raises (but cancellation).
+
+    A dead decode holds this cycle (and the object's lock) for the canary's deadline
+    (`confirm.canary.CANARY_SECONDS`): the price of never calling a slow engine dead. The
+    cycle's clock (`r.now`) was read before, so ages the plan computes are, if anything, short.
+    """
+    dry_run = r.spec.remediation.mode == "DryRun"
+    names = verdicts.candidates(r.spec.engine, detection, decodes, history, dry_run=dry_run)
+    targets = [t for t in (r.seen.target(n) for n in names) if t is not None]
+    if not targets:
+        return detection
+
+    async def one(t: Target) -> CanaryResult:
+        try:
+            res = await r.tools.canary.probe(t, r.seen.tenant)
+        except Exception as e:  # contained per pod: it proves nothing, nothing else is hurt
+            metrics.ERRORS.labels("canary").inc()
+            why = f"canary failed: {type(e).__name__}: {sanitize.why(e)}"
+            return CanaryResult(t.pod, "unknown", sanitize.text(why, sanitize.MAX_ERROR))
+        # Attributed to the pod asked, whatever the answer says; every string bounded.
+        return CanaryResult(t.pod, res.verdict, sanitize.text(res.detail, sanitize.MAX_ERROR))
+
+    results = await asyncio.gather(*(one(t) for t in targets))
+    for res in results:
+        metrics.CANARIES.labels(res.verdict).inc()
+        if res.verdict != "alive":  # dead is acted on (and warned of); unknown only logged
+            log.log(
+                logging.WARNING if res.verdict == "dead" else logging.INFO,
+                "%s/%s: canary on %s: %s (%s)", r.seen.namespace, r.body["metadata"]["name"],
+                res.pod, res.verdict, res.detail,
+            )  # fmt: skip
+    return verdicts.with_verdicts(detection, results)
+
+
+async def confirm_pairs(
+    r: Round[Any, Any, Any], detection: Detection, views: Sequence[PodView]
+) -> Detection:
+    """The confirm stage's pair canaries (engines that have one, `Engine.pair_canary`): each
+    quiet pod, at most once per canary.quietSeconds, gets a canary through its pair's own PD
+    path (`decide.pairs` picks the pairs, counts each side's misses in a row and reads the
+    outcomes); what each canary added to the
+    pods' counters is remembered, so detection never reads it as progress. Never raises (but
+    cancellation)."""
+    shape = engines.get(r.spec.engine).pair_canary
+    knobs = r.spec.remediation.canary
+    if shape is None or not knobs.enabled or r.tools.pair is None:
+        return detection
+    sender = r.tools.pair
+    uids = {v.name: v.uid for v in views}
+    asked = {n: at for n, u in uids.items() if (at := _canary_at(r.mem, u)) is not None}
+    started = time.monotonic()
+    pairs = [
+        (p, d, pt, dt)
+        for p, d in pairs_to_ask(views, asked, started, knobs.quiet_seconds)
+        if (pt := r.seen.target(p)) is not None and (dt := r.seen.target(d)) is not None
+    ]
+    if not pairs:
+        return detection
+    for p, d, _, _ in pairs:
+        for name in (p, d):
+            r.mem.pods.setdefault(uids[name], PodMemory()).canary_at = started
+
+    async def one(pt: Target, dt: Target) -> PairResult:
+        # The first canary through a pair makes its KV handshake: the long deadline (measured).
+        warm = (_incarnation(r.seen, pt), _incarnation(r.seen, dt)) in r.mem.warm_pairs
+        deadline = float(knobs.deadline_seconds if warm else knobs.first_deadline_seconds)
+        try:
+            res = await sender.pair(pt, dt, shape, r.seen.tenant, deadline)
+        except Exception as e:  # contained per pair: it proves nothing, nothing else is hurt
+            metrics.ERRORS.labels("canary").inc()
+            why = sanitize.text(f"pair canary failed: {type(e).__name__}", sanitize.MAX_ERROR)
+            return PairResult(pt.pod, dt.pod, "unknown", why)
+        # Attributed to the pods asked, whatever the answers said; every string bounded.
+        return replace(res, prefill=pt.pod, decode=dt.pod,
+                       detail=sanitize.text(res.detail, sanitize.MAX_ERROR))  # fmt: skip
+
+    sent = await asyncio.gather(*(one(pt, dt) for _, _, pt, dt in pairs))
+    ended = time.monotonic()
+    misses = {n: pm.canary_misses for n, u in uids.items() if (pm := r.mem.pods.get(u))}
+    results, counts = judged(sent, misses, knobs.failure_threshold)
+    for name, n in counts.items():
+        if name in uids:
+            r.mem.pods.setdefault(uids[name], PodMemory()).canary_misses = n
+    for (_, _, pt, dt), res in zip(pairs, results, strict=True):
+        metrics.PAIR_CANARIES.labels(res.outcome).inc()
+        if res.outcome == "decoded":
+            metrics.PAIR_CANARY_SECONDS.observe(res.seconds)
+            r.mem.warm_pairs.add((_incarnation(r.seen, pt), _incarnation(r.seen, dt)))
+        for name, role, answered in ((res.prefill, "prefill", res.prefill_answered),
+                                     (res.decode, "decode", res.decode_answered)):  # fmt: skip
+            if answered and name in uids:
+                pm = r.mem.pods.setdefault(uids[name], PodMemory())
+                pm.canary_effects.append((ended, shape.effects.get(role, {})))
+        if res.outcome != "decoded":
+            log.log(
+                logging.WARNING if res.outcome.endswith("_dead") or res.outcome == "suspect"
+                else logging.INFO,
+                "%s/%s: pair canary %s -> %s: %s (%s)", r.seen.namespace,
+                r.body["metadata"]["name"], res.prefill, res.decode, res.outcome, res.detail,
+            )  # fmt: skip
+    return with_pair_outcomes(detection, results)
+
+
+def _incarnation(seen: Seen, target: Target) -> str:
+    """The pod's uid and its containers' restarts: a restarted engine must make its KV
+    handshake again, so its pairs are cold again."""
+    pod = seen.pod(target.pod) or {}
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    restarts = sum(int(c.get("restartCount") or 0) for c in statuses if isinstance(c, dict))
+    return f"{target.uid}/{restarts}"
+
+
+def _canary_at(mem: DeploymentMemory, uid: str) -> float | None:
+    pm = mem.pods.get(uid)
+    return pm.canary_at if pm is not None else None

@@ -1,0 +1,140 @@
+"""Which prefill/decode pairs a pair canary goes through, and what its outcome means for the plan.
+
+Why pure and apart from the sending (`confirm.pair_canary`): whom pdwarden suspects and what it
+concludes decides whether a pod is restarted or cordoned, so both are plain functions of the
+pods' histories, unit-tested without a network.
+
+* A pod is QUIET when none of its own progress counters moved for canary.quietSeconds (canaries
+  excluded: `memory.organic`). A frozen engine is always quiet; so is an idle one. Quiet is only
+  a suspicion: it never acts.
+* Each quiet pod, at most once per quietSeconds, gets a pair canary with a partner of the other
+  role, one that is not quiet if there is one (proven alive: if the canary then fails on the
+  quiet side, that side is the one). An idle pool's two quiet pods are asked together: the leg
+  that gets no answer names the dead side. At most MAX_PAIRS pairs a cycle.
+* A side is dead only after canary.failureThreshold canaries in a row got no answer from it
+  while its counters stood still (`judged`): one such canary on a busy machine is a stall as
+  often as a death (the vLLM tier on two shared cores once restarted a healthy prefill on one),
+  so before the threshold it is a suspect, asked again when its quiet window next comes round.
+  An answer from the side starts its count again; unknown leaves it.
+* Outcomes: decode_dead makes the decode dead for the ladder exactly as the one-token canary's
+  dead verdict does (rung 2v: cordon, then restart while it stays dead); prefill_dead is a
+  PrefillDead finding on the prefill (rung 1p: restart it); decoded proves both alive; suspect
+  and unknown prove nothing and never act.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Final
+
+from pdwarden.constants import ROLE_DECODE, ROLE_PREFILL
+from pdwarden.remediation.detect.evidence import Finding, PodView, moved
+from pdwarden.remediation.detect.rules import Detection
+from pdwarden.values import CanaryResult, PairResult
+
+MAX_PAIRS: Final = 2  # pair canaries per object per cycle: each holds a connection for its legs
+PROGRESS: Final = ("prefill_tokens", "generated_tokens", "kv_transfers", "completed")
+
+
+def quiet(view: PodView, seconds: float) -> bool:
+    """No progress counter of the pod moved over the last `seconds` of fresh history (and the
+    history spans them: a pod seen for less than that is not judged yet)."""
+    if view.stale or not view.history:
+        return False
+    last = view.history[-1].at
+    recent = [s for s in view.history if s.at >= last - seconds]
+    if len(recent) < 2 or last - view.history[0].at < seconds:
+        return False
+    return not any(moved(recent, c) for c in PROGRESS)
+
+
+def pairs_to_ask(
+    views: Sequence[PodView],
+    last_asked: Mapping[str, float],
+    now: float,
+    seconds: float,
+) -> list[tuple[str, str]]:
+    """(prefill, decode) pairs to send a canary through this cycle, each pod at most once and
+    none asked within `seconds` before `now` (monotonic), sorted for a stable order."""
+    fresh = [v for v in views if not v.stale and v.latest is not None]
+    silent = {v.name for v in fresh if quiet(v, seconds)}
+    due = sorted(n for n in silent if now - last_asked.get(n, -1e18) >= seconds)
+    out: list[tuple[str, str]] = []
+    used: set[str] = set()
+    for name in due:
+        if name in used or len(out) >= MAX_PAIRS:
+            continue
+        me = next(v for v in fresh if v.name == name)
+        other = ROLE_DECODE if me.role == ROLE_PREFILL else ROLE_PREFILL
+        partners = sorted(
+            (v for v in fresh if v.role == other and v.name not in used),
+            key=lambda v: (v.name in silent, v.name),
+        )
+        if not partners:
+            continue
+        partner = partners[0].name
+        pair = (name, partner) if me.role == ROLE_PREFILL else (partner, name)
+        out.append(pair)
+        used |= set(pair)
+    return out
+
+
+def judged(
+    results: Sequence[PairResult], misses: Mapping[str, int], threshold: int
+) -> tuple[list[PairResult], dict[str, int]]:
+    """The results with each dead side counted: (results, pod -> canaries in a row it gave no
+    answer to, for the pods asked). A dead outcome stays dead only once its pod reached
+    `threshold` misses in a row; below that it is `suspect`. A side that answered starts again
+    at 0; an unknown outcome leaves the count as it was."""
+    out: list[PairResult] = []
+    counts: dict[str, int] = {}
+    for r in results:
+        counts.setdefault(r.prefill, misses.get(r.prefill, 0))
+        counts.setdefault(r.decode, misses.get(r.decode, 0))
+        for pod, answered in ((r.prefill, r.prefill_answered), (r.decode, r.decode_answered)):
+            if answered:
+                counts[pod] = 0
+        dead = {"prefill_dead": r.prefill, "decode_dead": r.decode}.get(r.outcome)
+        if dead is None:
+            out.append(r)
+            continue
+        counts[dead] += 1
+        n = counts[dead]
+        if n >= threshold:
+            out.append(replace(r, detail=f"{r.detail} ({n} canaries in a row)" if n > 1
+                               else r.detail))  # fmt: skip
+        else:
+            why = f"{r.detail} (suspect: {n} of {threshold} canaries in a row; asked again)"
+            out.append(replace(r, outcome="suspect", detail=why))
+    return out, counts
+
+
+def with_pair_outcomes(detection: Detection, results: Sequence[PairResult]) -> Detection:
+    """`detection` as the plan reads it once the pair canaries answered."""
+    if not results:
+        return detection
+    findings = list(detection.findings)
+    canaries = dict(detection.canaries)
+    for r in results:
+        if r.outcome == "prefill_dead":
+            findings.append(
+                Finding(pod=r.prefill, role=ROLE_PREFILL, reason="PrefillDead",
+                        evidence=f"pair canary with {r.decode}: {r.detail}")
+            )  # fmt: skip
+        elif r.outcome == "decode_dead":
+            canaries[r.decode] = CanaryResult(r.decode, "dead", f"pair canary: {r.detail}")
+            findings.append(
+                Finding(pod=r.decode, role=ROLE_DECODE, reason="DecodeDead",
+                        evidence=f"pair canary with {r.prefill}: {r.detail}")
+            )  # fmt: skip
+        elif r.outcome == "decoded" and canaries.get(r.decode) is None:
+            canaries[r.decode] = CanaryResult(r.decode, "alive", f"pair canary: {r.detail}")
+    dead = frozenset(n for n, c in canaries.items() if c.verdict == "dead")
+    return replace(
+        detection,
+        findings=tuple(findings),
+        stalled_decodes=detection.stalled_decodes | dead,
+        healthy_decodes=detection.healthy_decodes - dead,
+        canaries=canaries,
+    )
