@@ -22,7 +22,7 @@ class KVPoll(IntEnum):
     Success = 4
 
 
-# Prometheus metric names (ARCHITECTURE.md section 5). prometheus-client appends `_total`
+# Prometheus metric names (docs/engines.md shows them). prometheus-client appends `_total`
 # to counters itself, so the *_BASE names are what the worker registers.
 PREFILL_BOOTSTRAP_QUEUE: Final = "pdworker_prefill_bootstrap_queue_reqs"
 PREFILL_INFLIGHT_QUEUE: Final = "pdworker_prefill_inflight_queue_reqs"

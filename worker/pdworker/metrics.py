@@ -1,4 +1,4 @@
-"""Prometheus metrics with exactly the names of ARCHITECTURE section 5 (from contract.py).
+"""Prometheus metrics with exactly the names the worker's contract defines (contract.py).
 
 Queue gauges are computed from the room table at scrape time, so they can never drift from the
 truth the admin API shows. Each worker process has its own registry (no global state), which also
@@ -32,7 +32,7 @@ disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created series a
 KV_SECONDS_HELP = (
     "per-room KV transfer time. prefill: seconds during which at least one of the room's WRITEs "
     "was posted and not yet released (wire time; forward passes between chunks excluded, see "
-    "pdworker_prefill_forward_seconds); decode: pages registered with prefill -> KV landed and "
+    f"{c.PREFILL_FORWARD_SECONDS}); decode: pages registered with prefill -> KV landed and "
     "verified (includes prefill's forward)"
 )
 FORWARD_SECONDS_HELP = (

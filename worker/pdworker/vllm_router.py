@@ -13,21 +13,37 @@ client, not through a bootstrap room. What llm-d's routing sidecar and vLLM's ex
    with a NIXL READ and generates; its answer (streamed or not) goes back to the client.
 
 Prefill first, then decode, in sequence (unlike pdworker's rooms, nothing waits on the other
-side). A client that disconnects cancels the leg in flight, which vLLM treats as an abort.
+side). A client that disconnects during the prefill leg cancels it, which vLLM treats as an
+abort (the prefill frees the blocks at once). Once the prefill has answered, it holds the KV
+blocks for a decode until one reads them or the lease runs out: a client that disconnects then
+must not stop the decode leg, or the blocks stay taken for the whole lease (measured on the real
+pair: a prefill busy for 145 s after a storm of dropped clients). So the decode leg runs in its
+own task; when the client is gone it goes on until the decode has answered its first bytes
+(a first token needs the KV read: the blocks are freed) and is then closed, which vLLM treats
+as an abort of the rest. vLLM frees the prefill's blocks for an aborted decode request too
+(nixl pull_scheduler.request_finished: one aborted before it was scheduled notifies the prefill;
+one whose read started finishes the read), but only once its engine has the request: closed
+earlier (while its API server still tokenizes, or before it read the request at all), the
+request never reaches the engine and nothing tells the prefill. Such releases are bounded: a
+deadline (RELEASE_DEADLINE_S, past which the lease has freed the blocks anyway) and at most
+MAX_RELEASES at once (past that, the lease frees the rest, as before).
 Endpoints come from the same Discovery as pdworker's router, so a cordoned decode (readiness
 gate False) stops getting new work.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import random
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from pdworker.discovery import Discovery
 from pdworker.router_shell import RouterShell
 from pdworker.server import BadRequest, client_error, error, read_json
 
@@ -45,6 +61,10 @@ PREFILL_KV_PARAMS: dict[str, Any] = {
     "remote_port": None,
 }
 STREAM_CHUNK = 16 * 1024
+# A decode leg whose client has gone is given this long to reach the decode's engine: past
+# vLLM's default kv_lease_duration (30 s, nixl/base_scheduler.py) the prefill freed the blocks.
+RELEASE_DEADLINE_S = 30.0
+MAX_RELEASES = 64  # decode legs kept going for clients that left, at most, at once
 
 
 def prefill_request(body: dict[str, Any]) -> dict[str, Any]:
@@ -71,7 +91,29 @@ def decode_request(body: dict[str, Any], prefill_answer: dict[str, Any]) -> dict
     return out
 
 
+@dataclass
+class _Opened:
+    """A decode leg the decode has begun to answer: its response and the first bytes read."""
+
+    resp: aiohttp.ClientResponse
+    first: bytes
+
+
 class VllmRouter(RouterShell):
+    def __init__(
+        self, discovery: Discovery, incarnation: str, request_timeout: float = 600.0
+    ) -> None:
+        super().__init__(discovery, incarnation, request_timeout)
+        self.release_deadline_s = RELEASE_DEADLINE_S
+        self.max_releases = MAX_RELEASES
+        self.releases: set[asyncio.Task[_Opened | web.Response]] = set()
+
+    async def stop(self) -> None:
+        for task in list(self.releases):
+            task.cancel()
+        await asyncio.gather(*self.releases, return_exceptions=True)
+        await super().stop()
+
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post(COMPLETIONS, self.handle)
         app.router.add_post(CHAT, self.handle)
@@ -91,40 +133,114 @@ class VllmRouter(RouterShell):
         if not prefills or not decodes:
             return self._failed("aborted", 503, "no ready prefill or decode endpoint")
         prefill, decode = random.choice(prefills), random.choice(decodes)
-        path = request.path
+        assert self.session is not None
+        try:  # a client that leaves here cancels this: vLLM aborts the prefill and frees its KV
+            answered = await self.session.post(prefill + request.path, json=prefill_request(body))
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return self._failed("peer_lost", 502, f"prefill {prefill}: {exc!r}", prefill=prefill)
+        # The prefill now holds the KV for a decode: the rest runs whether or not the client stays.
+        leg = asyncio.create_task(self._decode_leg(answered, body, prefill, decode, request.path))
+        try:
+            opened = await asyncio.shield(leg)
+        except asyncio.CancelledError:
+            self.metrics.failed.labels(reason="aborted").inc()
+            self._keep_releasing(leg, answered)
+            raise
+        if isinstance(opened, web.Response):
+            return opened
+        return await self._relay(request, opened)
+
+    async def _decode_leg(
+        self,
+        answered: aiohttp.ClientResponse,
+        body: dict[str, Any],
+        prefill: str,
+        decode: str,
+        path: str,
+    ) -> _Opened | web.Response:
+        """The prefill's answer read, the decode leg sent and its first bytes read (or why not)."""
         assert self.session is not None
         try:
-            async with self.session.post(prefill + path, json=prefill_request(body)) as resp:
-                answer = await resp.json(content_type=None)
-                if resp.status != 200 or not isinstance(answer, dict):
-                    return self._failed(
-                        "transfer_error", 502, f"prefill {prefill} answered {resp.status}",
-                        prefill=prefill, answer=answer,
-                    )  # fmt: skip
+            async with answered:
+                answer = await answered.json(content_type=None)
+            if answered.status != 200 or not isinstance(answer, dict):
+                return self._failed(
+                    "transfer_error", 502, f"prefill {prefill} answered {answered.status}",
+                    prefill=prefill, answer=answer,
+                )  # fmt: skip
             leg = decode_request(body, answer)
         except BadRequest as exc:
             return self._failed("transfer_error", 502, str(exc), prefill=prefill)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             return self._failed("peer_lost", 502, f"prefill {prefill}: {exc!r}", prefill=prefill)
         try:
-            return await self._relay(request, decode + path, leg)
+            resp = await self.session.post(decode + path, json=leg)
         except (aiohttp.ClientError, TimeoutError) as exc:
             return self._failed("peer_lost", 502, f"decode {decode}: {exc!r}", decode=decode)
+        try:
+            return _Opened(resp, await resp.content.readany())
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            resp.close()
+            return self._failed("peer_lost", 502, f"decode {decode}: {exc!r}", decode=decode)
+        except BaseException:
+            resp.close()
+            raise
 
-    async def _relay(
-        self, request: web.Request, url: str, leg: dict[str, Any]
-    ) -> web.StreamResponse:
+    def _keep_releasing(
+        self, leg: asyncio.Task[_Opened | web.Response], answered: aiohttp.ClientResponse
+    ) -> None:
+        """The client left after the prefill answered: let the decode leg go on until the decode
+        has begun to answer, then close it (vLLM aborts the rest); within a deadline, and at
+        most `max_releases` at once (past that it is cancelled: the lease frees the blocks)."""
+        if not leg.done():
+            if len(self.releases) >= self.max_releases:
+                log.warning("%d decode legs of gone clients in flight: one more left to the "
+                            "prefill's KV lease", len(self.releases))  # fmt: skip
+                leg.cancel()
+                answered.close()  # a leg cancelled before it ran never reads the answer
+            else:
+                self.releases.add(leg)
+                deadline = asyncio.get_running_loop().call_later(
+                    self.release_deadline_s, leg.cancel
+                )
+                leg.add_done_callback(lambda _: deadline.cancel())
+        leg.add_done_callback(self._released)
+
+    def _released(self, leg: asyncio.Task[_Opened | web.Response]) -> None:
+        self.releases.discard(leg)
+        if leg.cancelled():
+            return
+        if leg.exception() is not None:
+            log.info("decode leg of a gone client: %r", leg.exception())
+            return
+        opened = leg.result()
+        if isinstance(opened, _Opened):
+            opened.resp.close()  # the decode has the request and its KV: vLLM aborts the rest
+
+    async def _relay(self, request: web.Request, opened: _Opened) -> web.StreamResponse:
         """Decode's answer to the client as it comes (SSE chunks or one JSON body)."""
-        assert self.session is not None
-        async with self.session.post(url, json=leg) as resp:
-            out = web.StreamResponse(status=resp.status)
-            out.content_type = resp.content_type or "application/json"
+        resp = opened.resp
+        out = web.StreamResponse(status=resp.status)
+        out.content_type = resp.content_type or "application/json"
+        try:
             await out.prepare(request)
+            if opened.first:
+                await out.write(opened.first)
             async for chunk in resp.content.iter_chunked(STREAM_CHUNK):
                 await out.write(chunk)
             await out.write_eof()
-            if resp.status == 200:
-                self.metrics.completed.labels(role="router").inc()
-            else:
-                self.metrics.failed.labels(reason="transfer_error").inc()
+        except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+            resp.close()  # the client or the decode went away mid-answer: vLLM aborts the rest
+            log.info("relaying %s: %r", resp.url, exc)
+            self.metrics.failed.labels(reason="peer_lost").inc()
             return out
+        except asyncio.CancelledError:  # the client left: the KV was read, vLLM aborts the rest
+            resp.close()
+            self.metrics.failed.labels(reason="aborted").inc()
+            raise
+        resp.release()
+        if resp.status == 200:
+            self.metrics.completed.labels(role="router").inc()
+        else:
+            self.metrics.failed.labels(reason="transfer_error").inc()
+        return out

@@ -1,4 +1,4 @@
-"""The decode role (see `worker`): the request path, the notification inbox, the per-room work."""
+"""The decode role (see `worker`): the request path, prefill links, the inbox, per-room work."""
 
 from pdworker.decode.work import DecodeWork
 from pdworker.decode.worker import DecodeWorker

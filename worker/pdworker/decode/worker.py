@@ -30,13 +30,13 @@ from pdworker.compute import compute_executor
 from pdworker.config import WorkerConfig, parse_ids, parse_positive_int
 from pdworker.contract import KVPoll
 from pdworker.decode.inbox import Inbox
+from pdworker.decode.prefill_link import PeerError, PrefillLinks, endpoint
 from pdworker.decode.work import DecodeWork
 from pdworker.discovery import PodPorts
 from pdworker.handshake import Refused, format_address, split_address
 from pdworker.metrics import WorkerMetrics
 from pdworker.model import KVPool, TinyModel
 from pdworker.ordering import Ordering
-from pdworker.prefill_link import PeerError, PrefillLinks, endpoint
 from pdworker.rooms import Peer, RoomRejected, RoomTable
 from pdworker.server import (
     BadRequest,
