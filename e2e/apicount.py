@@ -27,6 +27,7 @@ from typing import Any, Final
 import yaml
 
 from e2e.cluster.controlplane import REPO_ROOT
+from pdwarden.constants import GROUP, PLURAL
 
 CHART = REPO_ROOT / "helm" / "pdwarden"
 KUBE_VERSION = "1.35.4"  # the local cluster's; VAP templates need >= 1.30
@@ -35,8 +36,7 @@ VERBS: Final = ("get", "list", "watch", "create", "patch", "update", "delete")
 # (API group, resource[/subresource]); "*" last: whatever else the identity touches.
 RESOURCES: Final = (
     ("", "pods"), ("", "pods/status"), ("apps", "statefulsets"), ("apps", "deployments"),
-    ("", "events"), ("", "secrets"), ("pdwarden.dev", "pddeployments"),
-    ("pdwarden.dev", "pddeployments/status"), ("*", "*"),
+    ("", "events"), ("", "secrets"), (GROUP, PLURAL), (GROUP, f"{PLURAL}/status"), ("*", "*"),
 )  # fmt: skip
 METRIC = "apiserver_flowcontrol_dispatched_requests_total"
 PRIORITY_LEVEL = "workload-low"

@@ -18,7 +18,16 @@ from typing import Any
 
 from kubernetes import client, config
 
-from pdwarden.constants import CONDITION_SERVING, LABEL_ROLE, WORKER_PORT
+from pdwarden.constants import (
+    CONDITION_SERVING,
+    GROUP,
+    KIND,
+    LABEL_DEPLOYMENT,
+    LABEL_ROLE,
+    PLURAL,
+    VERSION,
+    WORKER_PORT,
+)
 
 SERVING = CONDITION_SERVING
 EVENT_STORY = {
@@ -105,10 +114,10 @@ class Observer:
         self._read_events(narrate)
         obj = self._raw(
             self.custom.get_namespaced_custom_object,
-            "pdwarden.dev",
-            "v1alpha1",
+            GROUP,
+            VERSION,
             self.namespace,
-            "pddeployments",
+            PLURAL,
             self.name,
         )
         with self.lock:
@@ -125,7 +134,7 @@ class Observer:
         return data
 
     def _read_pods(self) -> dict[str, PodView]:
-        selector = f"pdwarden.dev/deployment={self.name}"
+        selector = f"{LABEL_DEPLOYMENT}={self.name}"
         items = self._raw(self.core.list_namespaced_pod, self.namespace, label_selector=selector)
         out = {}
         for p in items["items"]:
@@ -162,7 +171,7 @@ class Observer:
         fresh = []
         for ev in items:
             uid = ev["metadata"]["uid"]
-            if uid in self._seen_events or ev["involvedObject"].get("kind") != "PDDeployment":
+            if uid in self._seen_events or ev["involvedObject"].get("kind") != KIND:
                 continue
             self._seen_events.add(uid)
             if ev.get("reason") in EVENT_STORY:

@@ -15,16 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from e2e.demo_observe import Sample
+from pdworker import contract as pdw
 
 GAUGES = {
     "prefill": [
-        ("pdworker_prefill_bootstrap_queue_reqs", "bootstrap queue"),
-        ("pdworker_prefill_inflight_queue_reqs", "inflight queue (KV transfer pending)"),
+        (pdw.PREFILL_BOOTSTRAP_QUEUE, "bootstrap queue"),
+        (pdw.PREFILL_INFLIGHT_QUEUE, "inflight queue (KV transfer pending)"),
     ],
     "decode": [
-        ("pdworker_decode_prealloc_queue_reqs", "prealloc queue"),
-        ("pdworker_decode_transfer_queue_reqs", "transfer queue (waiting for KV)"),
-        ("pdworker_decode_running_reqs", "running"),
+        (pdw.DECODE_PREALLOC_QUEUE, "prealloc queue"),
+        (pdw.DECODE_TRANSFER_QUEUE, "transfer queue (waiting for KV)"),
+        (pdw.DECODE_RUNNING, "running"),
     ],
 }
 ACTION_COLORS = {
@@ -39,9 +40,9 @@ def worker_failures(samples: list[Sample]) -> dict[str, int]:
     """Failures counted by the workers, by reason: the last value of each pod incarnation."""
     last: dict[tuple[str, str, str], float] = {}
     for s in samples:
-        incarnation = next((k for k in s.values if k.startswith("pdworker_incarnation_info")), "")
+        incarnation = next((k for k in s.values if k.startswith(pdw.INCARNATION_INFO)), "")
         for key, value in s.values.items():
-            if key.startswith('pdworker_requests_failed_total{reason="'):
+            if key.startswith(f'{pdw.REQUESTS_FAILED}{{reason="'):
                 last[(s.pod, incarnation, key)] = value
     out: Counter[str] = Counter()
     for (_, _, key), value in last.items():
@@ -227,6 +228,9 @@ def _plot_router(ax: Any, samples: list[Sample], t0: float) -> None:
     ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1), fontsize=8, frameon=False)
 
 
+_REQUESTS = {"completed": pdw.REQUESTS_COMPLETED, "failed": pdw.REQUESTS_FAILED}
+
+
 def _sum(sample: Sample, kind: str) -> float:
-    prefix = f"pdworker_requests_{kind}_total"
+    prefix = _REQUESTS[kind]
     return sum(v for k, v in sample.values.items() if k.startswith(prefix))

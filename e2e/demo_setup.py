@@ -3,7 +3,7 @@
 Why: the demo must work on a fresh machine (start the local control plane), next to a cluster a
 user left running (reuse it, leave it running) and on any cluster named by KUBECONFIG, and it must
 leave each of them as it found it so that it runs twice in a row. That bookkeeping lives here so
-e2e/demo.py reads as the story it tells.
+the stories (e2e/demo_pdworker.py, e2e/demo_vllm.py) read as what they tell.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from e2e.cluster.controlplane import REPO_ROOT, LocalCluster, build_binaries
-from e2e.fixtures import CRD_FILE, Cluster, OperatorProcess
+from e2e.fixtures import CRD_FILE, Cluster, OperatorProcess, wait_established
+from pdwarden.constants import CRD_NAME
 
 NAMESPACE = "pdwarden-demo"
 RELEASE = "pdwarden-demo"
@@ -104,10 +105,8 @@ def install(setup: Setup, operator: str) -> None:
         ),
     )
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/pddeployments.pdwarden.dev", "--timeout=60s"
-    )
-    say("CRD pddeployments.pdwarden.dev installed (server-side apply) and Established")
+    wait_established(cluster, CRD_NAME)
+    say(f"CRD {CRD_NAME} installed (server-side apply) and Established")
     if operator == "helm":
         say(
             f"helm install {RELEASE} helm/pdwarden -n {NAMESPACE} (operator under the chart's RBAC)"

@@ -23,7 +23,7 @@ from typing import TypeVar
 
 import pytest
 
-from e2e import promql
+from e2e import promtool
 from e2e.cluster.controlplane import (
     LocalCluster,
     build_binaries,
@@ -46,7 +46,7 @@ class Cluster:
     kubeconfig: str
     bin_dir: Path
     local: LocalCluster | None
-    # Every metric family any test's operator served before it stopped (e2e/promql.py).
+    # Every metric family any test's operator served before it stopped (e2e/promtool.py).
     metrics_seen: set[str] = field(default_factory=set)
 
     @property
@@ -174,16 +174,21 @@ CRD_FILE = REPO_ROOT / "crds" / "pddeployments.pdwarden.dev.yaml"
 def crd(cluster: Cluster) -> str:
     """The PDDeployment CRD, installed (server-side apply) and Established."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    # Not `kubectl wait`: right after the apply the CRD may have no status.conditions yet, and
-    # kubectl wait then fails at once ("<nil> is of the type <nil>") instead of waiting.
+    wait_established(cluster, "pddeployments.pdwarden.dev")
+    return "pddeployments.pdwarden.dev"
+
+
+def wait_established(cluster: Cluster, crd: str) -> None:
+    """Wait until a just-applied CRD is Established. Not `kubectl wait`: right after the apply
+    the CRD may have no status.conditions yet, and kubectl wait then fails at once ("<nil> is of
+    the type <nil>") instead of waiting."""
     cluster.wait_until(
-        "the PDDeployment CRD Established",
+        f"CRD {crd} Established",
         lambda: "True" in cluster.kubectl(
-            "get", "crd/pddeployments.pdwarden.dev", "-o",
+            "get", f"crd/{crd}", "-o",
             "jsonpath={.status.conditions[?(@.type=='Established')].status}", check=False,
         ).stdout,
     )  # fmt: skip
-    return "pddeployments.pdwarden.dev"
 
 
 class OperatorProcess:
@@ -235,7 +240,7 @@ class OperatorProcess:
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             with contextlib.suppress(OSError, ValueError):
-                self.cluster.metrics_seen |= promql.families(promql.parse(self.metrics_text()))
+                self.cluster.metrics_seen |= promtool.served_families(self.metrics_text())
             os.killpg(self.proc.pid, 15)
             try:
                 self.proc.wait(timeout=15)
@@ -248,12 +253,16 @@ class OperatorProcess:
         with urllib.request.urlopen(url, timeout=5) as resp:
             return str(resp.read().decode())
 
-    def metric(self, name: str) -> float:
-        """Sum of a metric's samples from this operator's /metrics (0 if absent)."""
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of a metric's samples from this operator's /metrics (0 if absent), of those that
+        carry every label value given."""
         total = 0.0
+        want = [f'{k}="{v}"' for k, v in labels.items()]
         for line in self.metrics_text().splitlines():
             if line.startswith(name) and not line.startswith("#"):
-                total += float(line.rsplit(" ", 1)[1])
+                series = line.rsplit(" ", 1)[0]
+                if all(w in series for w in want):
+                    total += float(line.rsplit(" ", 1)[1])
         return total
 
     def wait_cycles(self, cycles: int, metric: str = CYCLES_METRIC, timeout: float = 120) -> float:
@@ -305,7 +314,5 @@ def peering(cluster: Cluster, ns: str) -> None:
     --peering=pdwarden (HA tests)."""
     crd = str(REPO_ROOT / "crds" / "kopf-peering.yaml")
     cluster.kubectl("apply", "--server-side", "-f", crd)
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/kopfpeerings.kopf.dev", "--timeout=60s"
-    )
+    wait_established(cluster, "kopfpeerings.kopf.dev")
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=PEERING)

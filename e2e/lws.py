@@ -38,7 +38,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from e2e.cluster.controlplane import REPO_ROOT, free_port
+from e2e.cluster.controlplane import REPO_ROOT
+from e2e.cluster.processes import free_port
 from e2e.fixtures import Cluster
 
 LWS_VERSION = "v0.9.0"

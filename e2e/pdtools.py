@@ -19,7 +19,7 @@ import yaml
 
 from e2e.fixtures import Cluster
 from e2e.httpjson import http
-from pdwarden.constants import WORKER_PORT
+from pdwarden.constants import LABEL_DEPLOYMENT, LABEL_ROLE, WORKER_PORT
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CHILDREN_KINDS = [
@@ -116,7 +116,7 @@ def why_not_ready(cluster: Cluster, ns: str, name: str = "pd") -> str:
         *(f"  {c.get('type')}={c.get('status')} {c.get('reason')}: {str(c.get('message'))[:200]}"
           for c in st.get("conditions") or []),
     ]  # fmt: skip
-    items = (get_json(cluster, ns, "pods", "-l", f"pdwarden.dev/deployment={name}") or {}).get(
+    items = (get_json(cluster, ns, "pods", "-l", f"{LABEL_DEPLOYMENT}={name}") or {}).get(
         "items"
     ) or []
     for pod in items:
@@ -127,7 +127,7 @@ def why_not_ready(cluster: Cluster, ns: str, name: str = "pd") -> str:
 
 
 def pods(cluster: Cluster, ns: str, role: str, name: str = "pd") -> list[dict[str, Any]]:
-    sel = f"pdwarden.dev/deployment={name},pdwarden.dev/role={role}"
+    sel = f"{LABEL_DEPLOYMENT}={name},{LABEL_ROLE}={role}"
     items: list[dict[str, Any]] = get_json(cluster, ns, "pods", "-l", sel)["items"]
     return sorted(items, key=lambda p: p["metadata"]["name"])
 

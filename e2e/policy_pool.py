@@ -19,15 +19,21 @@ from typing import Any
 
 import yaml
 
-from e2e.fixtures import REPO_ROOT, Cluster, OperatorProcess, create_namespace
+from e2e.fixtures import REPO_ROOT, Cluster, OperatorProcess, create_namespace, wait_established
 from e2e.pdtools import apply, get_json, http, merge, pod_condition, recorded, scrape
 from pdwarden.api import parse_spec
-from pdwarden.constants import LABEL_SERVING, WORKER_PORT
+from pdwarden.constants import (
+    API_VERSION,
+    LABEL_SERVING,
+    POLICY_CRD_NAME,
+    POLICY_KIND,
+    WORKER_PORT,
+)
 from pdwarden.render import Owner
 from pdwarden.render.deployment import render_deployment
 from pdworker import contract as c
 
-POLICY_CRD = REPO_ROOT / "crds" / "pdremediationpolicies.pdwarden.dev.yaml"
+POLICY_CRD = REPO_ROOT / "crds" / f"{POLICY_CRD_NAME}.yaml"
 WEDGE_AFTER, RESTART_AFTER = 4, 5
 APP = {"app": "sgl"}
 
@@ -144,8 +150,8 @@ class Pool:
 
 def policy_doc(name: str = "sgl", app: str = "sgl", **remediation: Any) -> dict[str, Any]:
     return {
-        "apiVersion": "pdwarden.dev/v1alpha1",
-        "kind": "PDRemediationPolicy",
+        "apiVersion": API_VERSION,
+        "kind": POLICY_KIND,
         "metadata": {"name": name},
         "spec": {
             "engine": "pdworker",
@@ -216,8 +222,7 @@ def foreign_pool(ns: str, app: str = "sgl", **overrides: Any) -> list[dict[str, 
 def open_namespace(cluster: Cluster) -> str:
     """The PDRemediationPolicy CRD installed and Established, and a fresh namespace for a pool."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(POLICY_CRD))
-    cluster.kubectl("wait", "--for=condition=Established",
-                    "crd/pdremediationpolicies.pdwarden.dev", "--timeout=60s")  # fmt: skip
+    wait_established(cluster, POLICY_CRD_NAME)
     return create_namespace(cluster, "p")
 
 

@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from e2e.cluster.controlplane import REPO_ROOT, ClusterError, LocalCluster
+from e2e.cluster.controlplane import REPO_ROOT, LocalCluster
+from e2e.cluster.processes import ClusterError
 
 
 def main(argv: list[str] | None = None) -> int:

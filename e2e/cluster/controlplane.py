@@ -10,39 +10,37 @@ running.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import random
 import secrets
 import signal
-import socket
 import ssl
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from e2e.cluster.octets import claim_octet, release_octet
 from e2e.cluster.pki import Pki, make_pki
+from e2e.cluster.processes import (
+    STATE_FILE,
+    ClusterError,
+    free_port,
+    log,
+    pid_alive,
+    reap,
+    signal_group,
+)
+from e2e.cluster.readiness import ApiClient, http_ok, wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "e2e" / "cluster" / "build.sh"
 SERVICE_CIDR = "10.96.0.0/16"
-STATE_FILE = "state.json"
 # Stop order: the kubelet first so it can terminate its pods while the API server still answers.
 STOP_ORDER = ("kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
-
-
-class ClusterError(RuntimeError):
-    """The control plane could not be started or reached; the message says which part and why."""
-
-
-def log(msg: str) -> None:
-    print(f"[cluster {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+# What callers import from here; free_port and ClusterError live in processes.py now, and stay
+# importable from here for e2e/fixtures.py.
+__all__ = ["REPO_ROOT", "ClusterError", "LocalCluster", "build_binaries", "free_port"]
 
 
 def build_binaries() -> Path:
@@ -53,37 +51,6 @@ def build_binaries() -> Path:
     if out.returncode != 0:
         raise ClusterError(f"building the control plane failed (exit {out.returncode})")
     return Path(out.stdout.strip().splitlines()[-1])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float, proc_name: str = "") -> float:
-    """Poll `check` until it is true; return the seconds it took or raise with the reason."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        try:
-            if check():
-                return time.monotonic() - start
-        except (OSError, urllib.error.URLError, ValueError):
-            pass
-        time.sleep(0.25)
-    hint = f"; see its log {proc_name}" if proc_name else ""
-    raise ClusterError(f"{what} was not ready after {timeout:.0f}s{hint}")
 
 
 @dataclass
@@ -97,7 +64,11 @@ class LocalCluster:
     # The second octet of the pod CIDR; the kubelet maps pod IP 10.X.N.K to 127.X.N.K, so two
     # clusters running at once must differ here. None: claim a free one (see claim_octet).
     pod_cidr_octet: int | None = None
+    # Extra flags per component ("kube-apiserver", ...), appended to the defaults (fault tests).
+    extra_args: dict[str, list[str]] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
+    # How each component was started, so a fault test can start one again (start_again).
+    argv: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def kubeconfig(self) -> Path:
@@ -160,6 +131,10 @@ class LocalCluster:
         log(f"cluster up in {time.monotonic() - t0:.1f}s; KUBECONFIG={self.kubeconfig}")
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self._launch(name, [*argv, *self.extra_args.get(name, [])], env)
+
+    def _launch(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.argv[name] = argv
         out = self.logfile(name).open("ab")
         proc = subprocess.Popen(
             argv,
@@ -186,7 +161,7 @@ class LocalCluster:
             f"--initial-cluster=local={peer_url}", "--unsafe-no-fsync", "--log-level=warn",
         ])  # fmt: skip
         took = wait_for(
-            "etcd", lambda: _http_ok(f"{etcd_url}/health"), 60, str(self.logfile("etcd"))
+            "etcd", lambda: http_ok(f"{etcd_url}/health"), 60, str(self.logfile("etcd"))
         )
         log(f"etcd ready in {took:.1f}s")
 
@@ -206,7 +181,7 @@ class LocalCluster:
         ctx = ssl.create_default_context(cafile=str(pki.ca_crt))
         took = wait_for(
             "kube-apiserver",
-            lambda: _http_ok(f"{server}/readyz", ctx=ctx),
+            lambda: http_ok(f"{server}/readyz", ctx=ctx),
             120,
             str(self.logfile("kube-apiserver")),
         )
@@ -281,6 +256,38 @@ class LocalCluster:
         )
         self.kubeconfig.chmod(0o600)
 
+    # -- faults (e2e/tests/test_control_plane_faults.py) --------------------------------------
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one component (its process group) and reap it: a crash, no goodbye."""
+        pid = self.pids[name]
+        signal_group(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while pid_alive(pid) and time.monotonic() < deadline:
+            reap(pid)
+            time.sleep(0.05)
+        reap(pid)
+
+    def start_again(self, name: str) -> None:
+        """Start a killed component again with the argv it first ran with; its readiness is
+        the caller's to wait for."""
+        if pid_alive(self.pids[name]):
+            raise ClusterError(f"{name} (pid {self.pids[name]}) is still running")
+        kept = json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
+        self._launch(name, self.argv[name])
+        self._save_state({k: v for k, v in kept.items() if k != "pids"})  # server, ports
+
+    def etcd_url(self) -> str:
+        ports = json.loads(self.state_path.read_text())["ports"]
+        return f"http://127.0.0.1:{ports['etcd']}"
+
+    def pause(self, name: str) -> None:
+        """SIGSTOP one component: its sockets stay open, nothing answers (a hung process)."""
+        signal_group(self.pids[name], signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        signal_group(self.pids[name], signal.SIGCONT)
+
     # -- stop --------------------------------------------------------------------------------
 
     def stop(self, quiet: bool = False, grace: float = 20.0) -> None:
@@ -291,135 +298,18 @@ class LocalCluster:
             pid = pids.get(name)
             if pid is None:
                 continue
-            _signal_group(pid, signal.SIGTERM)
+            signal_group(pid, signal.SIGCONT)  # a paused one (fault tests) could not stop
+            signal_group(pid, signal.SIGTERM)
             deadline = time.monotonic() + grace
             while pid_alive(pid) and time.monotonic() < deadline:
-                _reap(pid)
+                reap(pid)
                 time.sleep(0.1)
             if pid_alive(pid):
-                _signal_group(pid, signal.SIGKILL)
-            _reap(pid)
+                signal_group(pid, signal.SIGKILL)
+            reap(pid)
             if not quiet:
                 log(f"stopped {name} (pid {pid})")
         self.pids.clear()
         if self.state_path.exists():
             self.state_path.unlink()
         release_octet(self.directory)
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-
-
-def _http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
-    with urllib.request.urlopen(url, timeout=3, context=ctx) as resp:
-        return bool(resp.status == 200)
-
-
-@dataclass
-class ApiClient:
-    """Just enough of an API client to wait for the cluster; tests use kubectl or kubernetes."""
-
-    server: str
-    token: str
-    ctx: ssl.SSLContext
-
-    def get(self, path: str) -> dict[str, object] | None:
-        req = urllib.request.Request(
-            self.server + path, headers={"Authorization": f"Bearer {self.token}"}
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=5, context=self.ctx) as resp:
-                data: dict[str, object] = json.loads(resp.read())
-                return data
-        except urllib.error.HTTPError as e:
-            if e.code == 404:
-                return None
-            raise
-
-    def ready_nodes(self) -> int:
-        nodes = self.get("/api/v1/nodes") or {}
-        count = 0
-        for node in nodes.get("items", []):  # type: ignore[attr-defined]
-            for cond in node.get("status", {}).get("conditions", []):
-                if cond.get("type") == "Ready" and cond.get("status") == "True":
-                    count += 1
-        return count
-
-
-OCTETS_DIR = Path(os.environ.get("PDWARDEN_CACHE", Path.home() / ".cache" / "pdwarden")) / "octets"
-OCTET_RANGE = range(100, 250)
-
-
-def _octet_owner_alive(lock: Path) -> bool:
-    """A claim is live while the cluster that made it still has its state file and processes."""
-    try:
-        directory = Path(lock.read_text().strip())
-    except OSError:
-        return False
-    state = directory / STATE_FILE
-    if not state.exists():
-        return False
-    try:
-        pids = json.loads(state.read_text()).get("pids", {})
-    except ValueError:
-        return False
-    return any(pid_alive(pid) for pid in pids.values())
-
-
-def octets_in_use() -> set[int]:
-    """Second octets of 127.X.y.z addresses that local sockets are bound to right now."""
-    used = set()
-    for table in ("/proc/net/tcp", "/proc/net/udp"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            addr = line.split()[1].split(":")[0]  # little-endian hex IPv4
-            if len(addr) == 8 and int(addr[6:8], 16) == 127:
-                used.add(int(addr[4:6], 16))
-    return used
-
-
-def claim_octet(directory: Path) -> int:
-    """Claim a pod-CIDR octet no other running local cluster uses (244 first, then random)."""
-    OCTETS_DIR.mkdir(parents=True, exist_ok=True)
-    candidates = [244, *random.sample(list(OCTET_RANGE), len(OCTET_RANGE))]
-    busy = octets_in_use()
-    for octet in candidates:
-        lock = OCTETS_DIR / str(octet)
-        if octet in busy or (lock.exists() and _octet_owner_alive(lock)):
-            continue
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            lock.unlink(missing_ok=True)  # stale claim: its cluster is gone
-            try:
-                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                continue
-        with os.fdopen(fd, "w") as fh:
-            fh.write(str(directory))
-        return octet
-    raise ClusterError("every pod-CIDR octet is claimed by a running local cluster")
-
-
-def release_octet(directory: Path) -> None:
-    if not OCTETS_DIR.is_dir():
-        return
-    for lock in OCTETS_DIR.iterdir():
-        try:
-            if Path(lock.read_text().strip()) == directory:
-                lock.unlink(missing_ok=True)
-        except OSError:
-            continue

@@ -79,7 +79,7 @@ def loopback_cidrs(octet: int, first: int = 100) -> Callable[[int], str]:
     kwok gives a pod an IP from its node's spec.podCIDR, so these pods' IPs are loopback
     addresses that a process on this machine can bind (the fleet bench serves each pod's
     /metrics there; nothing ever scrapes an address off this machine). `octet` is the local
-    cluster's claimed pod-CIDR octet (controlplane.claim_octet), whose third octets below
+    cluster's claimed pod-CIDR octet (e2e.cluster.octets.claim_octet), whose third octets below
     `first` belong to the local kubelet's nodes. The controller-manager cannot occupy a CIDR
     outside its --cluster-cidr: it logs an error for these nodes and leaves them alone (backing
     off), and would refuse to start while they exist, so they are deleted with the nodes.

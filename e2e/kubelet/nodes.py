@@ -15,13 +15,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from pdwarden.constants import GROUP
+
 from .apiclient import Api, ApiError
 
 log = logging.getLogger("kubelet.nodes")
 
 KUBELET_VERSION = "v1.35.4"
 LEASE_SECONDS = 40
-MANAGED_BY = "pdwarden.dev/local-kubelet"
+MANAGED_BY = f"{GROUP}/local-kubelet"
 
 
 def now_iso() -> str:

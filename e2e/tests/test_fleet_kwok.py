@@ -34,6 +34,7 @@ from e2e.kubelet.kwok import SCALE_POD_PLACEMENT, KwokNodes, loopback_cidrs
 from e2e.pdtools import recorded
 from e2e.policy_pool import POLICY_CRD
 
+from pdwarden.constants import API_VERSION, KIND, LABEL_DEPLOYMENT, LABEL_ROLE
 from pdwarden.sharding import Shard
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -50,7 +51,7 @@ REFUSED_SCAN = "Not enough permissions"
 def manifest(i: int, namespace: str) -> dict[str, object]:
     place = dict(SCALE_POD_PLACEMENT)
     return {
-        "apiVersion": "pdwarden.dev/v1alpha1", "kind": "PDDeployment",
+        "apiVersion": API_VERSION, "kind": KIND,
         "metadata": {"name": f"pd-{i:02d}", "namespace": namespace},
         "spec": {
             "engine": "pdworker", "image": "pdwarden/pdworker:fleet", "model": {"name": "tiny"},
@@ -199,7 +200,7 @@ def test_a_fleet_on_kwok_is_ready_quiet_and_repaired(
 
         # One wedged room among all pods: failed by the operator, recorded in the ledger.
         pods = json.loads(kubectl("get", "pods", "-n", ns, "-l",
-                                  "pdwarden.dev/deployment=pd-07,pdwarden.dev/role=prefill",
+                                  f"{LABEL_DEPLOYMENT}=pd-07,{LABEL_ROLE}=prefill",
                                   "-o", "json"))["items"]  # fmt: skip
         target = pods[0]
         sim.call("POST", "/wedge", {"ip": target["status"]["podIP"], "room": 4242})

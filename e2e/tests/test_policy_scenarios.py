@@ -38,6 +38,7 @@ from e2e.policy_pool import (
 )
 
 from pdwarden.constants import LABEL_SERVING, WORKER_PORT
+from pdworker import contract as pdw
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -215,14 +216,14 @@ def test_enforce_fails_exactly_the_wedged_rooms(pool: Pool) -> None:
 
     def drained() -> bool:
         m = scrape(prefill_url + "/metrics")
-        return m.get("pdworker_prefill_inflight_queue_reqs") == 0
+        return m.get(pdw.PREFILL_INFLIGHT_QUEUE) == 0
 
     pool.cluster.wait_until("the race prefill's inflight queue drained", drained, WEDGE_AFTER + 30)
     failed = [e for e in race.ledger("race") if e["action"] == "FailRooms"]
     assert failed and all(e["outcome"] == "Succeeded" and not e["dryRun"] for e in failed)
     assert sum(e["rooms"] for e in failed) >= 1
     admin_failed = scrape(prefill_url + "/metrics").get(
-        'pdworker_requests_failed_total{reason="admin"}', 0
+        f'{pdw.REQUESTS_FAILED}{{reason="admin"}}', 0
     )
     assert admin_failed == sum(e["rooms"] for e in failed)
     assert race.events("FailRooms")

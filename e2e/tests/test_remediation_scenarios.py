@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e import promql
+from e2e import promtool
 from e2e.fixtures import Cluster, OperatorProcess
 from e2e.pdtools import (
     admin_token,
@@ -37,8 +37,11 @@ from e2e.pdtools import (
     status,
     wait_ready,
 )
+from prometheus_client import REGISTRY
 
+import pdwarden.metrics  # noqa: F401  (registers the operator's metrics in REGISTRY)
 from pdwarden.constants import CONDITION_SERVING, KIND, WORKER_PORT
+from pdworker import contract as pdw
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 SCRAPE, WEDGE_AFTER, RESTART_AFTER = 1, 4, 5
@@ -127,7 +130,7 @@ def test_abort_race_wedge_fails_exactly_the_wedged_rooms(
 
     def drained() -> bool:
         m = scrape(prefill_url + "/metrics")
-        return m.get("pdworker_prefill_inflight_queue_reqs") == 0
+        return m.get(pdw.PREFILL_INFLIGHT_QUEUE) == 0
 
     cluster.wait_until("prefill inflight queue drained", drained, budget + 10)
     took = time.monotonic() - snapshot
@@ -136,7 +139,7 @@ def test_abort_race_wedge_fails_exactly_the_wedged_rooms(
     assert failed and all(e["outcome"] == "Succeeded" for e in failed)
     # Every admin failure on the worker is one the operator recorded, and covers the snapshot.
     admin_failed = scrape(prefill_url + "/metrics").get(
-        'pdworker_requests_failed_total{reason="admin"}', 0
+        f'{pdw.REQUESTS_FAILED}{{reason="admin"}}', 0
     )
     assert admin_failed == sum(e["rooms"] for e in failed) >= len(stuck)
     # No healthy room was failed: no client request ever saw an admin failure.
@@ -271,13 +274,15 @@ def test_budget_limits_cordons_and_the_breaker_trips(
     assert max_seen == 1
     taken = [e for e in ledger(cluster, ns) if e["action"] != "UncordonDecode"]
     assert len(taken) == 3
-    # The chart's alert fires: the operator serves the series and the rule's expression,
-    # evaluated against what it serves, selects this deployment.
-    series = promql.parse(operator.metrics_text())
+    # The chart's alert fires: Prometheus (promtool), evaluating the rules helm renders over
+    # what this operator serves, held past the rule's `for:`, fires it for this deployment and
+    # nothing else in this namespace.
+    rules = promtool.render_rules(cluster.helm_path)
     mine = {"kind": KIND, "namespace": ns, "name": "pd"}
-    assert ("pdwarden_remediation_suspended", mine, 1.0) in series
-    fired = promql.evaluate(promql.rule_exprs()["PDWardenRemediationSuspended"], series)
-    assert frozenset(mine.items()) in fired, fired
+    out = promtool.Promtool.locate().firing_on(
+        rules, operator.metrics_text(), "PDWardenRemediationSuspended", [mine], ns
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_unreachable_metrics_are_unknown_never_acted_on(
@@ -416,15 +421,26 @@ def test_decode_killed_mid_transfer_frees_rooms_of_the_old_incarnation(
     took = time.monotonic() - appeared
     assert took <= 2 * SCRAPE + 5, f"rooms of the old incarnation lingered {took:.1f}s"
     m = scrape(prefill_url + "/metrics")
-    assert m.get("pdworker_prefill_inflight_queue_reqs") == 0
+    assert m.get(pdw.PREFILL_INFLIGHT_QUEUE) == 0
     assert generate_when_routed(cluster, ns, "served by the new incarnation").get("ok") is True
 
 
 def test_every_metric_the_chart_reads_appeared(cluster: Cluster) -> None:
-    """Last in this module: each metric the chart's alerts and dashboard read was served by an
-    operator of the scenarios above (each records what it served when it stops). A declared
-    metric that no code path sets never appears, and its alert or panel is dead."""
+    """Last in this module: each metric the chart's alerts and dashboard read was really
+    observed (a non-zero value) by an operator of the scenarios above (each records what it
+    served when it stops). A declared metric that no code path moves stays 0 forever, and its
+    alert or panel is dead."""
     if not cluster.metrics_seen:
         pytest.skip("needs the scenarios above in the same session")
-    missing = promql.chart_families() - cluster.metrics_seen
-    assert not missing, f"the chart reads metrics no operator served: {sorted(missing)}"
+    read = promtool.chart_families(promtool.render_rules(cluster.helm_path))
+    # Failure counters move only when something fails that no scenario here makes fail; each is
+    # moved, and its alert fired, by a test that makes it fail (named), so here it must only be
+    # one the operator declares.
+    failure_only = {
+        "pdwarden_operator_errors": "tests/shell (every loop-survival and contained-error test)",
+        "pdwarden_scrape_refused": "tests/shell/test_shell_remediation.py (a body over the cap)",
+    }
+    declared = {promtool.family(m.name) for m in REGISTRY.collect()}  # pdwarden.metrics' own
+    assert set(failure_only) <= declared & read, sorted(set(failure_only) - declared - read)
+    missing = read - cluster.metrics_seen - set(failure_only)
+    assert not missing, f"the chart reads metrics no operator really moved: {sorted(missing)}"

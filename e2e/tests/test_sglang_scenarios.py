@@ -32,7 +32,7 @@ import pytest
 from e2e.fixtures import Cluster, OperatorProcess
 from e2e.pdtools import apply, get_json, ledger, pods, status, wait_ready
 
-from pdwarden.constants import WORKER_PORT
+from pdwarden.constants import API_VERSION, KIND, WORKER_PORT
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 SCRAPE, WEDGE_AFTER, RESTART_AFTER = 1, 4, 5
@@ -48,8 +48,8 @@ def sglang_deployment(prefill_phase: str, decode_phase: str) -> dict[str, Any]:
         return [{"name": "SGLANG_SIM_PHASE", "value": p}]
 
     return {
-        "apiVersion": "pdwarden.dev/v1alpha1",
-        "kind": "PDDeployment",
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": "pd"},
         "spec": {
             "engine": "sglang",
@@ -188,7 +188,7 @@ def test_wedged_prefill_gets_its_requests_aborted(
     # The ledger says what was done and what it cost: every held request, read just before,
     # and how many of them were healthy (none for sure: only the wedged rooms were held). The
     # gauges may still count a /health probe per DP rank that already left (its batch was the
-    # last report of a wedged rank: scrape/abort_cost.py), so the count is 3 to 3 + 2.
+    # last report of a wedged rank: act/abort_cost.py), so the count is 3 to 3 + 2.
     assert 3 <= entry["rooms"] <= 3 + 2, entry
     assert "abort_all=true" in entry["reason"]
     cost = re.search(r"aborted (\d+) requests: (\d+) wedged, 0(-\d+)? healthy", entry["reason"])
@@ -201,7 +201,7 @@ def test_wedged_prefill_gets_its_requests_aborted(
     # WEDGE_AFTER / SCRAPE + 1 reads of this pod's /metrics after the wedge, plus one when the
     # first of them was stamped late (a sample's time is when its body arrived, and a loaded
     # machine delays one read more than the next: CI saw it), plus the operator's own read of
-    # the gauges just before the abort (act/sglang.py).
+    # the gauges just before the abort (act/sglang_abort.py).
     assert state["probes"]["ran"] >= WEDGE_AFTER / PROBE_EVERY - 1
     assert state["aborts"][0]["metrics_reads_since_phase"] <= WEDGE_AFTER // SCRAPE + 1 + 1 + 1
     told = cluster.wait_until(

@@ -23,7 +23,8 @@ import pytest
 from bench.harness import wait_for
 from e2e import sglang_exposition as expo
 from e2e import sglang_source
-from e2e.sglang_sim import Engine, parse_args
+from e2e.sglang_sim import parse_args
+from e2e.sglang_sim_engine import Engine
 from e2e.sglang_sim_series import SERIES
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families

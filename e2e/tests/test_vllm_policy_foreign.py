@@ -7,9 +7,11 @@ instead) and no router of ours, requests sent the way llm-d's sidecar sends them
 pods by label, scrapes them every 2 s and, in Enforce:
 
 1. every selected pod is eligible and a few PD requests draw no finding and no action;
-2. the prefill's engine frozen with a decode's KV read in flight: the policy's KVReadStuck names
-   the prefill and RestartPrefill deletes it, its StatefulSet brings a new one, the request in
-   flight is answered (recomputed) and the pair serves again.
+2. the idle prefill's engine frozen, with no request anywhere (nothing any metric can show): the
+   idle pair's next pair canaries (canary.failureThreshold in a row) get no answer from the
+   prefill leg while its counters stand still, the policy's RestartPrefill deletes it
+   (PrefillDead), its StatefulSet brings a new one and the pair serves again. (A frozen
+   prefill WITH a read in flight: test_vllm_pair.py.)
 
 It runs beside the PDDeployment pair of test_vllm_pair.py (idle by then), on the same venv and
 model; only the policy's namespace and operator are its own.
@@ -25,15 +27,15 @@ from typing import Any
 
 import pytest
 from e2e.fixtures import Cluster, OperatorProcess
-from e2e.httpjson import http
 from e2e.pdtools import apply, get_json, pod_condition, recorded
 from e2e.policy_pool import open_namespace
-from e2e.vllm.client import PREFILL_PARAMS, decode_leg_in_background, metric, pd_complete, url
+from e2e.vllm.client import pd_complete
 from e2e.vllm.faults import freeze_engine, thaw
-from e2e.vllm.fixtures import VllmModel
-from e2e.vllm.pods import HTTP_PORT, SERVED_NAME, STARTUP_SECONDS, pd_deployment
+from e2e.vllm.fixtures import VllmModel, preflight
+from e2e.vllm.pods import HTTP_PORT, STARTUP_SECONDS, pd_deployment
 
 from pdwarden.api import parse_spec
+from pdwarden.constants import API_VERSION, POLICY_KIND
 from pdwarden.render import Owner
 from pdwarden.render.deployment import render_deployment
 
@@ -78,8 +80,8 @@ def _names(volumes: list[dict[str, Any]]) -> set[str]:
 
 def policy(**remediation: Any) -> dict[str, Any]:
     return {
-        "apiVersion": "pdwarden.dev/v1alpha1",
-        "kind": "PDRemediationPolicy",
+        "apiVersion": API_VERSION,
+        "kind": POLICY_KIND,
         "metadata": {"name": APP},
         "spec": {
             "engine": "vllm",
@@ -131,6 +133,10 @@ def foreign(
         t0 = time.monotonic()
         cluster.wait_until("the foreign vLLM pair Ready", pool.ready, STARTUP_SECONDS)
         print(f"[vllm] foreign pair Ready in {time.monotonic() - t0:.0f}s", flush=True)
+        hung = preflight(*(pool.pod(r)["status"]["podIP"] for r in ("prefill", "decode")))
+        if hung:  # the engine's own fault on this machine (e2e/vllm/fixtures.py), not pdwarden's
+            print(f"[vllm] SKIPPING the foreign policy tier: {hung}", flush=True)
+            pytest.skip(hung)
         yield pool
     finally:
         op.stop()
@@ -154,40 +160,32 @@ def test_the_policy_selects_the_pair_and_healthy_requests_draw_nothing(foreign: 
     foreign.operator.wait_cycles(
         WEDGE_AFTER // SCRAPE, metric=POLICY_CYCLES, timeout=WEDGE_AFTER * 4
     )
+    suspects = foreign.operator.metric("pdwarden_pair_canaries_total", outcome="suspect")
+    print(f"[vllm] foreign healthy pair: {suspects:.0f} suspect canaries", flush=True)
     st = foreign.status()
     assert not st.get("wedges") and not foreign.ledger(), st
     wedged = next(c for c in st["conditions"] if c["type"] == "Wedged")
     assert wedged["status"] == "False", wedged
 
 
-def test_a_read_stuck_on_a_frozen_foreign_prefill_restarts_it_through_its_statefulset(
+def test_an_idle_frozen_foreign_prefill_is_found_by_a_pair_canary_and_restarted(
     foreign: Foreign,
 ) -> None:
     prefill, decode_ip = foreign.pod("prefill"), foreign.pod("decode")["status"]["podIP"]
-    uid, ip = prefill["metadata"]["uid"], prefill["status"]["podIP"]
-    body = {"model": SERVED_NAME, "prompt": "a read the prefill never serves", "max_tokens": 8,
-            "ignore_eos": True}  # fmt: skip
-    first = {**body, "max_tokens": 1, "kv_transfer_params": PREFILL_PARAMS}
-    code, pre = http("POST", url(ip, "/v1/completions"), first, timeout=120)
-    assert code == 200 and isinstance(pre, dict), (code, pre)
+    uid = prefill["metadata"]["uid"]
     frozen = freeze_engine(uid)
+    frozen_at = time.monotonic()
     try:
-        leg, answer = decode_leg_in_background(decode_ip, body, pre["kv_transfer_params"])
-        foreign.cluster.wait_until(
-            "the decode's read in flight",
-            lambda: metric(decode_ip, READING, stage="in_progress") >= 1,
-        )
         (entry,) = foreign.cluster.wait_until(
             "the policy's RestartPrefill in its ledger",
-            lambda: [e for e in foreign.ledger() if e["action"] == "RestartPrefill"],
+            lambda: [
+                e for e in foreign.ledger() if (e["action"], e["uid"]) == ("RestartPrefill", uid)
+            ],
             WEDGE_AFTER + 20 * SCRAPE + 60,
         )
-        assert entry["uid"] == uid and entry["reason"].startswith("KVReadStuck on "), entry
-        leg.join(300)
-        assert answer and isinstance(answer[0], tuple), answer
-        code, dec = answer[0]
-        assert code == 200 and isinstance(dec, dict), (code, dec)
-        assert dec["usage"]["completion_tokens"] == 8  # recomputed on the decode
+        print(f"[vllm] idle frozen prefill -> RestartPrefill {time.monotonic() - frozen_at:.0f}s "
+              f"after the freeze: {entry['reason']}", flush=True)  # fmt: skip
+        assert entry["uid"] == uid and entry["reason"].startswith("PrefillDead: pair canary"), entry
     finally:
         thaw(frozen)
     foreign.cluster.wait_until(

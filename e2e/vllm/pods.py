@@ -14,7 +14,7 @@ from typing import Any
 
 from e2e.vllm import OFFLINE_ENV
 from e2e.vllm.nixl_progress_delay import ENV as PROGRESS_DELAY_ENV
-from pdwarden.constants import WORKER_PORT
+from pdwarden.constants import API_VERSION, KIND, WORKER_PORT
 
 IMAGE = "vllm/vllm-openai:v0.32.0"
 HTTP_PORT = WORKER_PORT  # pdwarden renders vLLM's --port as every worker's
@@ -42,8 +42,8 @@ def pd_deployment(model_dir: str, name: str = "pd", **remediation: Any) -> dict[
     env = [{"name": k, "value": v} for k, v in CPU_ENV.items()]
     pool = {"replicas": 1, "gpus": 0, "args": CPU_ARGS, "env": env}
     return {
-        "apiVersion": "pdwarden.dev/v1alpha1",
-        "kind": "PDDeployment",
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": name},
         "spec": {
             "engine": "vllm",
