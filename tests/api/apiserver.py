@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from e2e.fixtures import Cluster
+from e2e.fixtures import Cluster, wait_established
 
 from pdwarden import constants
 
@@ -29,7 +29,7 @@ def install(cluster: Cluster, crd_file: Path, crd_name: str, prefix: str) -> Ite
         "-f", str(crd_file),
     )  # fmt: skip
     assert "Warning" not in out.stderr, out.stderr
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd_name}", "--timeout=60s")
+    wait_established(cluster, crd_name)
     ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", ns)
     yield ns

@@ -29,7 +29,7 @@ def test_bad_spec_is_refused_naming_the_field(case: Bad) -> None:
 def test_restart_prefill_stands_alone_only_on_vllm() -> None:
     """SGLang restarts a prefill only after an abort did not drain it (the refusal is in
     BAD_SPECS and BAD_POLICIES); vLLM has no abort an operator can call, so there RestartPrefill
-    is the first and only rung (remediation/policy/plan.py, rung 1v)."""
+    is the first and only rung (remediation/decide/rungs.py, restart_read_peer)."""
     remediation = {"actions": ["CordonDecode", "RestartPrefill"]}
     deployment = merged(BASE_SPEC, {"engine": "vllm", "image": "vllm/vllm-openai:v0.32.0",
                                      "remediation": remediation})  # fmt: skip

@@ -1,8 +1,9 @@
 """The chart's alerts and dashboard read only metrics the operator declares (issue 23).
 
-Pure: reads helm/pdwarden as files. Whether each of them is also served by a running operator
-is checked after the remediation e2e (e2e/tests/test_remediation_scenarios.py, last test); the
-suspended alert is evaluated there against a real operator's /metrics.
+Reads the rules helm renders and the dashboard files. Whether each metric is also served by a
+running operator is checked after the remediation e2e (e2e/tests/test_remediation_scenarios.py,
+last test), where promtool evaluates the suspended alert over a real operator's /metrics; how
+the alerts behave is unit-tested by promtool itself (test_chart_alerts.py).
 """
 
 from __future__ import annotations
@@ -10,11 +11,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from e2e import promql
+from e2e import promtool
 from prometheus_client.metrics import MetricWrapperBase
 
 from pdwarden import metrics
-from pdwarden.constants import KIND
 
 from .chart_helpers import Helm, find
 
@@ -34,41 +34,32 @@ def declared() -> set[str]:
     return {family.name for m in wrappers for family in m.describe()}
 
 
-def test_every_metric_the_alerts_and_dashboard_read_is_declared() -> None:
-    used = promql.chart_families()
+def test_every_metric_the_alerts_and_dashboard_read_is_declared(helm: Helm) -> None:
+    rules = promtool.rules_from_manifests(
+        helm.template("--set", "metrics.prometheusRule.enabled=true")
+    )
+    used = promtool.chart_families(rules)
     assert {"pdwarden_remediation_suspended", "pdwarden_wedged_rooms"} <= used
     assert not used - declared(), sorted(used - declared())
 
 
-@pytest.mark.parametrize("panel", sorted(promql.panel_exprs()))
+@pytest.mark.parametrize("panel", sorted(promtool.panel_exprs()))
 def test_each_dashboard_panel_queries_an_existing_metric(panel: str) -> None:
-    exprs = promql.panel_exprs()[panel]
+    exprs = promtool.panel_exprs()[panel]
     assert exprs and all(exprs), f"{panel}: a panel without a query"
     for expr in exprs:
-        names = {promql.family(n) for n in promql.NAME.findall(expr)}
+        names = {promtool.family(n) for n in promtool.NAME.findall(expr)}
         assert names, f"{panel}: {expr} reads no pdwarden metric"
         assert names <= declared(), f"{panel}: {sorted(names - declared())} are not declared"
 
 
 def test_the_dashboard_has_the_promised_panels() -> None:
-    titles = {key.split(": ", 1)[1] for key in promql.panel_exprs()}
+    titles = {key.split(": ", 1)[1] for key in promtool.panel_exprs()}
     assert set(PROMISED_PANELS) <= titles
 
 
-def test_the_suspended_alert_fires_per_object_and_not_when_closed() -> None:
-    expr = promql.rule_exprs()["PDWardenRemediationSuspended"]
-    body = "\n".join([
-        "# TYPE pdwarden_remediation_suspended gauge",
-        f'pdwarden_remediation_suspended{{kind="{KIND}",namespace="a",name="pd"}} 1.0',
-        'pdwarden_remediation_suspended{kind="PDRemediationPolicy",namespace="a",name="pd"} 0.0',
-        f'pdwarden_remediation_suspended{{kind="{KIND}",namespace="b",name="pd"}} 0.0',
-    ]) + "\n"  # fmt: skip
-    fired = promql.evaluate(expr, promql.parse(body))
-    assert list(fired) == [frozenset({("kind", KIND), ("namespace", "a"), ("name", "pd")})]
-
-
 def test_the_dashboard_is_valid_grafana_json() -> None:
-    for path in promql.DASHBOARDS.glob("*.json"):
+    for path in promtool.DASHBOARDS.glob("*.json"):
         doc = json.loads(path.read_text())
         ids = [p["id"] for p in doc["panels"]]
         assert len(ids) == len(set(ids)) and doc["uid"] and doc["title"]
@@ -80,4 +71,4 @@ def test_the_dashboard_ships_as_a_configmap_for_grafanas_sidecar(helm: Helm) -> 
     (cm,) = find(objs, "ConfigMap", "pdw-pdwarden-dashboard")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     shipped = json.loads(cm["data"]["pdwarden.json"])
-    assert shipped == json.loads((promql.DASHBOARDS / "pdwarden.json").read_text())
+    assert shipped == json.loads((promtool.DASHBOARDS / "pdwarden.json").read_text())

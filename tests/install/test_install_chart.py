@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from pdwarden.constants import WORKER_PORT
-from pdwarden.remediation.scrape.client import DEFAULT_MAX_BODY, MAX_BODY_LIMIT
+from pdwarden.remediation.scrape.worker_client import DEFAULT_MAX_BODY, MAX_BODY_LIMIT
 from pdwarden.run import add_arguments
 
 from .chart_helpers import CHART, KUBE_VERSION, ROOT, Helm, find, operator_args
@@ -201,7 +201,7 @@ def test_network_policy_only_adds_extra_peers_on_the_worker_port(helm: Helm) -> 
 
 
 def test_operator_pods_carry_the_labels_and_namespace_worker_policies_admit(helm: Helm) -> None:
-    from pdwarden.render.network import OPERATOR_POD_LABELS
+    from pdwarden.render.network_policy import OPERATOR_POD_LABELS
 
     for args in COMBINATIONS.values():
         (dep,) = find(helm.objects(*args), "Deployment")

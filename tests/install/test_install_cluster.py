@@ -3,7 +3,9 @@ reconciles the CPU example, can do exactly what it needs, rolls on upgrade, and 
 
 The release watches one namespace so it never touches other tests' PDDeployments; a second,
 cluster-wide release is installed with an unschedulable operator only to check its RBAC.
-The tests share one release and run in file order.
+The tests share one release and run in file order. A real Prometheus (e2e/prometheus.py)
+scrapes the release's operator as the chart's ServiceMonitor asks and evaluates the chart's
+alerting rules while a wedge is repaired.
 """
 
 from __future__ import annotations
@@ -19,11 +21,15 @@ from typing import Any
 
 import pytest
 import yaml
+from e2e import promtool
+from e2e.cluster.controlplane import free_port
 from e2e.fixtures import Cluster
+from e2e.prometheus import PrometheusServer, scrape_config, without_for
+from e2e.promtool import rules_from_manifests
 
 from pdwarden.constants import FINALIZER, LABEL_SERVING, WORKER_PORT
 
-from .chart_helpers import CHART, ROOT, Helm
+from .chart_helpers import CHART, ROOT, Helm, find
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 INSTANCE = "app.kubernetes.io/instance"
@@ -87,6 +93,35 @@ def release(cluster: Cluster, crd: str, helm: Helm) -> Iterator[Release]:
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
+@pytest.fixture(scope="module")
+def prometheus(
+    release: Release, cluster: Cluster, helm: Helm, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PrometheusServer]:
+    """Prometheus over the release's operator: the scrape job derived from the ServiceMonitor
+    and the metrics Service the chart renders for this release (the Service as installed), and
+    the chart's alerting rules (every `for:` 0s, e2e/prometheus.py says why)."""
+    rendered = helm.template(
+        "--set", f"watchNamespaces={{{release.watched}}},image.tag=dev",
+        "--set", "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true",
+        release=release.name, namespace=release.namespace,
+    )  # fmt: skip
+    objs = [d for d in yaml.safe_load_all(rendered) if d]
+    (monitor,) = find(objs, "ServiceMonitor")
+    (rendered_service,) = find(objs, "Service")
+    service = json.loads(
+        cluster.kubectl(
+            "get", "service", rendered_service["metadata"]["name"], "-n", release.namespace,
+            "-o", "json",
+        ).stdout
+    )  # fmt: skip
+    work = tmp_path_factory.mktemp("prometheus")
+    server = PrometheusServer(work, free_port())
+    job = scrape_config(monitor, service, Path(cluster.kubeconfig), work)
+    server.start(job, without_for(rules_from_manifests(rendered)))
+    yield server
+    server.stop()
+
+
 def pod_kubeconfig(cluster: Cluster, pod: dict[str, Any]) -> Path | None:
     """The kubeconfig the local kubelet gave the pod (None on another cluster)."""
     if cluster.local is None:
@@ -128,7 +163,7 @@ def test_operator_runs_as_its_service_account_and_reconciles_the_cpu_example(
     # The worker NetworkPolicy as the API server holds it (no network plugin here enforces it):
     # the operator is admitted from its own namespace (the chart's POD_NAMESPACE), no peer from
     # every namespace.
-    from pdwarden.render.network import OPERATOR_POD_LABELS
+    from pdwarden.render.network_policy import OPERATOR_POD_LABELS
 
     out = cluster.kubectl("get", "networkpolicy", "pd-workers", "-n", release.watched, "-o", "json")
     peers = [p for rule in json.loads(out.stdout)["spec"]["ingress"] for p in rule["from"]]
@@ -139,9 +174,13 @@ def test_operator_runs_as_its_service_account_and_reconciles_the_cpu_example(
     assert all(p.get("namespaceSelector", {"unset": ""}) != {} for p in peers), peers
 
 
-def test_remediation_works_under_the_charts_rbac(release: Release, cluster: Cluster) -> None:
+def test_remediation_works_under_the_charts_rbac(
+    release: Release, cluster: Cluster, prometheus: PrometheusServer
+) -> None:
     """A stalled decode pod is cordoned and restarted by the in-cluster operator, using only the
-    chart's RBAC and its derived admin token (it never reads the Secret it created)."""
+    chart's RBAC and its derived admin token (it never reads the Secret it created). Prometheus
+    scrapes the operator all along (the next test reads it); maxActionsPerHour 2 lets both
+    actions through and then holds the circuit breaker open, for its alert."""
     from e2e.pdtools import (
         admin_token,
         apply,
@@ -156,7 +195,7 @@ def test_remediation_works_under_the_charts_rbac(release: Release, cluster: Clus
 
     ns = release.watched
     fast = {"scrapeIntervalSeconds": 1, "wedgeAfterSeconds": 4, "restartAfterSeconds": 5,
-            "cooldownSeconds": 2, "maxUnavailableDecode": 1}  # fmt: skip
+            "cooldownSeconds": 2, "maxUnavailableDecode": 1, "maxActionsPerHour": 2}  # fmt: skip
     stall_env = [{"name": "PDWORKER_FAULTS", "value": "decode-stall"}]
     apply(cluster, ns, cpu_example("st", decode={"replicas": 2, "env": stall_env},
                                    remediation=fast))  # fmt: skip
@@ -189,6 +228,92 @@ def test_remediation_works_under_the_charts_rbac(release: Release, cluster: Clus
         if p["metadata"]["name"] == victim["metadata"]["name"]
     )
     assert new["metadata"]["uid"] != victim["metadata"]["uid"]
+
+
+def test_prometheus_scrapes_the_operator_and_fires_the_charts_alerts(
+    release: Release, prometheus: PrometheusServer
+) -> None:
+    """After the repair above, in Prometheus itself: the operator pod is the one target the
+    ServiceMonitor's selectors find, and up; the breaker's alert fires for the PDDeployment in
+    its own namespace (the ServiceMonitor's honorLabels keeps the metric's `namespace`); the
+    wedge alert fires in the operator's namespace; the alert that the operator is down, whose
+    selector names the release's Service, does not."""
+    (target,) = prometheus.targets()
+    labels = target["labels"]
+    assert labels["namespace"] == release.namespace and labels["pod"].startswith(release.name)
+    service = labels["service"]
+
+    def firing() -> dict[str, list[dict[str, str]]]:
+        out: dict[str, list[dict[str, str]]] = {}
+        for a in prometheus.alerts():
+            if a["state"] == "firing":
+                out.setdefault(a["labels"]["alertname"], []).append(a["labels"])
+        return out
+
+    def both() -> dict[str, list[dict[str, str]]] | None:
+        alerts = firing()
+        wanted = ("PDWardenRemediationSuspended", "PDWardenWedgePersists")
+        return alerts if all(a in alerts for a in wanted) else None
+
+    alerts = release.cluster.wait_until("the breaker's and the wedge's alerts firing", both, 60)
+    assert alerts is not None
+    (suspended,) = alerts["PDWardenRemediationSuspended"]
+    assert (suspended["kind"], suspended["namespace"], suspended["name"]) == (
+        "PDDeployment", release.watched, "st"), suspended  # fmt: skip
+    assert [a["namespace"] for a in alerts["PDWardenWedgePersists"]] == [release.namespace]
+    assert "PDWardenDown" not in alerts
+    up = prometheus.query(f'up{{namespace="{release.namespace}", service="{service}"}} == 1')
+    assert len(up) == 1, up
+    # The repair's own series, as Prometheus holds them: one decode cordoned and restarted.
+    done = prometheus.query('sum by (action) (pdwarden_remediations_total{result="succeeded"}) > 0')
+    assert {r["metric"]["action"]: float(r["value"][1]) for r in done} == {
+        "CordonDecode": 1.0, "RestartDecode": 1.0}  # fmt: skip
+
+
+# What each dashboard panel must show after the repair above, as Prometheus answers its queries:
+# the labels its legend names (empty: one unlabelled series). Panels that count only faults may
+# be empty in a healthy run; every other query must return series.
+PANEL_LABELS = {
+    "Wedged rooms": {"kind", "namespace", "name"},
+    "Remediation suspended (circuit breaker)": {"kind", "namespace", "name"},
+    "Actions by kind and outcome": {"action", "result"},
+    "Time to remediate": set(),
+    "New wedges by rule": {"reason"},
+    "Scrape errors and refused bodies": set(),
+    "Cycle duration": set(),
+    "Contained operator errors by stage": {"stage"},
+}
+FAULT_FAMILIES = {"pdwarden_scrape_errors", "pdwarden_scrape_refused", "pdwarden_operator_errors"}
+
+
+def test_every_dashboard_panel_shows_the_repair_in_prometheus(
+    release: Release, prometheus: PrometheusServer
+) -> None:
+    """Each panel's queries, as Grafana would send them ($__rate_interval as a window that holds
+    the repair), against the Prometheus that scraped the operator through it: PromQL the server
+    accepts, series where the repair made some, and the legend's labels on them (the gauges'
+    kind/namespace/name must survive the ServiceMonitor's honorLabels)."""
+    panels = promtool.panel_exprs()
+    titles = {key.split(": ", 1)[1] for key in panels}
+    assert titles == set(PANEL_LABELS), "a dashboard panel this test does not judge"
+    shown: dict[str, int] = {}
+    for key, exprs in panels.items():
+        title = key.split(": ", 1)[1]
+        for expr in exprs:
+            result = prometheus.query(expr.replace("$__rate_interval", promtool.RATE_INTERVAL))
+            families = {promtool.family(n) for n in promtool.NAME.findall(expr)}
+            if not result:
+                assert families <= FAULT_FAMILIES, f"{title}: {expr} shows nothing"
+                continue
+            for series in result:
+                labels = series["metric"]
+                assert PANEL_LABELS[title] <= set(labels), (title, expr, labels)
+                assert all(labels[k] for k in PANEL_LABELS[title]), (title, expr, labels)
+            shown[expr] = len(result)
+    suspended = prometheus.query("max by (kind, namespace, name) (pdwarden_remediation_suspended)")
+    held = {(r["metric"]["namespace"], r["metric"]["name"]): r["value"][1] for r in suspended}
+    assert held.get((release.watched, "st")) == "1", held
+    print(f"[prometheus] dashboard queries with series: {len(shown)}", flush=True)
 
 
 ALLOWED = [

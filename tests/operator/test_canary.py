@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from pdwarden.remediation.confirm.canary import MAX_ANSWER_BYTES, Canary
-from pdwarden.remediation.scrape.client import WorkerClient
+from pdwarden.remediation.scrape.worker_client import WorkerClient
 from pdwarden.values import CanaryResult, Target
 
 MODELS = {"object": "list", "data": [{"id": "tiny-llama", "object": "model"}, {"id": "lora"}]}

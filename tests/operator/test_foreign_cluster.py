@@ -27,8 +27,8 @@ from pdwarden.k8s.foreign import (
     set_pod_label,
 )
 from pdwarden.remediation.act.pod_label import label_patch
+from pdwarden.remediation.decide import PlannedAction
 from pdwarden.remediation.policy.cordon import cordon_check
-from pdwarden.remediation.policy.plan import Action
 from pdwarden.remediation.policy.scope import foreign_pod
 from pdwarden.values import LabelPatch
 
@@ -137,7 +137,7 @@ def test_label_cordon_takes_the_pod_out_of_the_service_and_back(
 
     target = foreign_pod(pods["sg-decode-0"])
     patch = label_patch(
-        Action("CordonDecode", target.name, "stalled", uid=target.uid), target, spec
+        PlannedAction("CordonDecode", target.name, "stalled", uid=target.uid), target, spec
     )
     assert patch is not None
     assert asyncio.run(set_pod_label(kube, ns, patch)) == "Patched"
@@ -151,7 +151,7 @@ def test_label_cordon_takes_the_pod_out_of_the_service_and_back(
     assert _pods(cluster, ns)["sg-decode-0"]["metadata"]["labels"][KEY] == "false"
 
     now = foreign_pod(_pods(cluster, ns)["sg-decode-0"])
-    back = label_patch(Action("UncordonDecode", now.name, "healthy", uid=now.uid), now, spec)
+    back = label_patch(PlannedAction("UncordonDecode", now.name, "healthy", uid=now.uid), now, spec)
     assert back is not None and asyncio.run(set_pod_label(kube, ns, back)) == "Patched"
     cluster.wait_until("the pod back behind the Service",
                        lambda: _endpoint_pods(cluster, ns) == set(pods))  # fmt: skip

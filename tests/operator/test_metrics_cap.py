@@ -16,12 +16,12 @@ import pytest
 from e2e import sglang_exposition as expo
 from e2e import sglang_source
 
-from pdwarden.remediation.scrape.client import (
+from pdwarden.remediation.scrape.samples import MAX_TEXT_BYTES, parse_metrics
+from pdwarden.remediation.scrape.worker_client import (
     DEFAULT_MAX_BODY,
     DEFAULT_TENANT_CONNECTIONS,
     MAX_BODY_LIMIT,
 )
-from pdwarden.remediation.scrape.samples import MAX_TEXT_BYTES, parse_metrics
 
 MIB = 1024 * 1024
 PRIORITIES = tuple(range(16))

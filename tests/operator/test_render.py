@@ -15,7 +15,7 @@ from pdwarden.constants import (
     CONDITION_SERVING,
     LABEL_DEPLOYMENT,
 )
-from pdwarden.remediation.scrape import engines
+from pdwarden.engines import sglang
 from pdwarden.render import Owner, render_deployment
 from pdwarden.render.deployment import admin_secret, bootstrap_secret
 
@@ -282,13 +282,13 @@ def test_router_gets_least_privilege_pod_read_rbac() -> None:
 def test_the_generating_liveness_probe_and_sglang_detection_agree() -> None:
     """SGLang's /health generates one token through the scheduler on every probe (issue 25);
     pdwarden keeps that liveness probe (it restarts a hung scheduler) because detection reads
-    progress only from series such a probe never moves (scrape/engines.py PROBE_MOVED)."""
+    progress only from series such a probe never moves (engines/sglang.py PROBE_MOVED)."""
     c = _sglang_pod({})["containers"][0]
     assert c["livenessProbe"]["httpGet"]["path"] == "/health"
     env = {e["name"] for e in c["env"]}
     assert "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION" not in env  # so the probe does generate
-    for name, select in engines.PROBE_MOVED:
-        for series in engines.SGLANG.series:
+    for name, select in sglang.PROBE_MOVED:
+        for series in sglang.METRICS.series:
             shared = select.keys() & series.select.keys()
             clash = any(select[k] != series.select[k] for k in shared)
             assert series.name != name or clash, (series, name, select)

@@ -1,10 +1,10 @@
 """The worker NetworkPolicy, judged by whom it admits: who reaches a prefill/decode pod, on
 which port.
 
-Pure: `admits` below applies the networking.k8s.io/v1 semantics (a peer's podSelector alone
-selects in the policy's namespace, namespaceSelector alone every pod of the selected namespaces,
-both together the selected pods of the selected namespaces; a rule without `ports` covers every
-port) to the object render/network.py produces. No network plugin here enforces NetworkPolicy;
+Pure: `admits` below applies the networking.k8s.io/v1 semantics (a peer's podSelector alone selects
+in the policy's namespace, namespaceSelector alone every pod of the selected namespaces, both
+together the selected pods of the selected namespaces; a rule without `ports` covers every port) to
+the object render/network_policy.py produces. No network plugin here enforces NetworkPolicy;
 tests/install/test_install_cluster.py checks the object the API server holds.
 """
 

@@ -21,7 +21,7 @@ from aiohttp import web
 from metrics_servers import MIB, benign_body, serve_in_process
 
 from pdwarden.remediation.act.worker_admin import AdminCallError, WorkerAdmin
-from pdwarden.remediation.scrape.client import WorkerClient, run_stepwise
+from pdwarden.remediation.scrape.worker_client import WorkerClient, run_stepwise
 from pdwarden.values import Target
 
 HOSTILE_PODS = 20

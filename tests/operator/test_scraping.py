@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 from metrics_servers import MIB, benign_body, padded_body
 
-from pdwarden.remediation.scrape.client import DEFAULT_MAX_BODY, WorkerClient
+from pdwarden.remediation.scrape.worker_client import DEFAULT_MAX_BODY, WorkerClient
 from pdwarden.values import ScrapeResult, Target
 
 
@@ -121,8 +121,8 @@ def test_the_cap_is_a_flag_of_pdwarden_run() -> None:
     [(b"[" * 100_000 + b"]" * 100_000, "nested too deeply"), (b"{not json", "not JSON")],
 )
 def test_rooms_answers_that_are_not_usable_json_are_scrape_errors(raw: bytes, why: str) -> None:
-    from pdwarden.remediation.scrape.client import parse_rooms_body
     from pdwarden.remediation.scrape.samples import ScrapeError
+    from pdwarden.remediation.scrape.worker_client import parse_rooms_body
 
     with pytest.raises(ScrapeError, match=why):
         parse_rooms_body(raw)

@@ -27,19 +27,19 @@ from bench.harness import wait_for
 from pdwarden.api import LedgerEntry
 from pdwarden.constants import WORKER_PORT
 from pdwarden.remediation import cycle
-from pdwarden.remediation.act.sglang import (
+from pdwarden.remediation.act.abort_cost import PrefillQueues
+from pdwarden.remediation.act.sglang_abort import (
     AbortReport,
     AdminCallError,
     SGLangAdmin,
     held_requests,
 )
-from pdwarden.remediation.kinds.deployment import DeploymentKind
-from pdwarden.remediation.policy.plan import Action, Plan
-from pdwarden.remediation.scrape.abort_cost import PrefillQueues
-from pdwarden.remediation.scrape.client import WorkerClient
+from pdwarden.remediation.decide import Plan, PlannedAction
+from pdwarden.remediation.kinds.deployment_kind import DeploymentKind
+from pdwarden.remediation.memory import DeploymentMemory
 from pdwarden.remediation.scrape.samples import parse_metrics
+from pdwarden.remediation.scrape.worker_client import WorkerClient
 from pdwarden.remediation.seams import Round, Seen, Tools
-from pdwarden.remediation.views import DeploymentMemory
 from pdwarden.values import Target
 
 SIM = Path(__file__).resolve().parents[2] / "e2e" / "sglang_sim.py"
@@ -192,7 +192,7 @@ class Recorder:
 
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
-ABORT = Action("AbortRequests", "pd-prefill-0", "InflightGaugeStuck: ...", room_count=3)
+ABORT = PlannedAction("AbortRequests", "pd-prefill-0", "InflightGaugeStuck: ...", room_count=3)
 PREFILL = Target(pod="pd-prefill-0", uid="u", role="prefill", ip="127.0.0.9", engine="sglang")
 BODY = {"apiVersion": "pdwarden.dev/v1alpha1", "kind": "PDDeployment",
         "metadata": {"name": "pd", "namespace": "ns", "uid": "pd-uid"}}  # fmt: skip
@@ -224,7 +224,7 @@ def test_the_cycle_records_what_the_abort_cost() -> None:
 
 
 def test_the_ledger_entry_and_its_events_say_how_many_healthy_requests_the_abort_cost() -> None:
-    """abort_all is the narrowest call SGLang 0.5.23 allows (act/sglang.py): a loaded prefill
+    """abort_all is the narrowest call SGLang 0.5.23 allows (act/sglang_abort.py): a loaded prefill
     loses its healthy requests with the wedged rooms, and the user reads how many, in the
     ledger and in the Events on the PDDeployment and the pod."""
     fake = FakeAborter(PrefillQueues(running=2, waiting=2, bootstrap=1, inflight=4))

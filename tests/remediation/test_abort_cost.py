@@ -7,7 +7,7 @@ finished requests were appended to the inflight queue (sglang 0.5.23 disaggregat
 
 from __future__ import annotations
 
-from pdwarden.remediation.scrape.abort_cost import AbortCost, PrefillQueues, abort_all_cost
+from pdwarden.remediation.act.abort_cost import AbortCost, PrefillQueues, abort_all_cost
 
 
 def test_the_running_gauge_is_not_counted_twice() -> None:

@@ -114,11 +114,39 @@ def test_an_expired_lease_suspects_the_decodes_that_made_no_progress() -> None:
     assert "1 requests' KV freed unread" in f.evidence
 
 
-def test_a_late_notification_is_reported_and_an_old_one_is_not() -> None:
-    late = prefill(late_notifications=lambda i: 0.0 if i < 14 else 1.0)
-    assert ("LateNotification", "prefill-0") in reasons([decode(), late])
-    old = prefill(late_notifications=1.0)  # rose before the window: already reported
+def _late(at: int) -> Any:
+    return lambda i: 0.0 if i < at else 1.0
+
+
+def test_late_notifications_after_an_expired_lease_are_reported_and_alone_they_are_not() -> None:
+    """The corruption shape (measured with a frozen decode): the lease expires, then the thawed
+    decode reads the freed blocks. The same late notification with no expired lease is what a
+    client abort makes on vLLM 0.32 (pull_worker.py:656-667 counts any notification about a
+    request the prefill no longer tracks)."""
+    after = prefill(kv_expired=_late(10), late_notifications=_late(14))
+    assert ("LateNotification", "prefill-0") in reasons([decode(), after])
+    alone = prefill(late_notifications=_late(14))
+    assert reasons([decode(), alone]) == []
+    old = prefill(kv_expired=1.0, late_notifications=1.0)  # rose before the window: reported
     assert reasons([decode(), old]) == []
+    # A decode frozen past its lease reads after thawing: the expiry may precede the window.
+    thawed = PodView("prefill-0", "prefill", "p", history=series(
+        40, prefill_tokens=500.0, kv_expired=_late(5), late_notifications=_late(38)))  # fmt: skip
+    assert [r for r, _ in reasons([decode(), thawed])] == ["LateNotification"]
+
+
+def test_late_notifications_from_client_aborts_draw_no_finding() -> None:
+    """A storm of client aborts on the real pair: late notifications climbing, not one lease
+    expired, the decode busy. Nothing was corrupted; nothing is reported."""
+    busy = decode(generated_tokens=lambda i: 100.0 + 8 * i, running=2.0)
+    aborts = prefill(late_notifications=lambda i: float(3 * i),
+                     prefill_tokens=lambda i: 500.0 + 40 * i)  # fmt: skip
+    assert detect([busy, aborts], WINDOW).findings == ()
+
+
+def test_an_expiry_that_came_after_the_late_notifications_does_not_explain_them() -> None:
+    shape = prefill(late_notifications=_late(8), kv_expired=_late(12))
+    assert [r for r, _ in reasons([decode(), shape])] == ["LeaseExpired"]
 
 
 def _recorded(role: str) -> tuple[Sample, ...]:
@@ -154,3 +182,69 @@ def test_a_real_pair_under_overload_is_judged_only_by_what_vllm_itself_reported(
              if (s.kv_expired or 0) > (a.kv_expired or 0)]  # fmt: skip
     assert min(fired["LeaseExpired"]) == rises[0]
     assert fired["LeaseExpired"] == fired["LateNotification"]  # each expiry was read later on
+
+
+# -- PromptsRecomputed: the decode computes its prompts itself, and no KV arrives --------------
+
+
+def recomputing(**fields: Any) -> PodView:
+    """A decode under load whose every prompt is computed locally (16 tokens a scrape): what
+    kv_load_failure_policy recompute makes of reads that fail, as the client sees nothing."""
+    base: dict[str, Any] = {
+        "generated_tokens": lambda i: 100.0 + 8 * i, "running": 2.0,
+        "prefill_tokens": lambda i: 200.0 + 16 * i, "recomputed_tokens": lambda i: 16.0 * i,
+        "transferred_tokens": 200.0, "failed": float,
+    }  # fmt: skip
+    return decode(**{**base, **fields})
+
+
+def test_a_decode_that_recomputes_every_prompt_is_reported_and_not_healthy() -> None:
+    det = detect([recomputing(), prefill(prefill_tokens=lambda i: 500.0 + 16 * i)], WINDOW)
+    (f,) = det.findings
+    assert (f.reason, f.pod, f.role, f.suspects) == ("PromptsRecomputed", "decode-0", "decode", ())
+    assert f.evidence.startswith("160 prompt tokens computed on this decode and none arrived")
+    assert "(10 KV reads failed)" in f.evidence
+    assert "decode-0" not in det.healthy_decodes and "decode-0" not in det.stalled_decodes
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"transferred_tokens": lambda i: 200.0 + 16 * (i >= 13)},  # transfers came back
+        {"recomputed_tokens": float, "failed": 0.0},  # prefix-cache hits: 1 of 16
+        {"recomputed_tokens": 0.0, "failed": 0.0},  # idle
+        {"recomputed_tokens": None, "transferred_tokens": None},  # pdworker, SGLang: no series
+    ],
+    ids=["transfers-resumed", "own-prefix-cache", "idle", "not-reported"],
+)
+def test_a_decode_whose_kv_arrives_or_that_computes_little_is_not_reported(
+    fields: dict[str, Any],
+) -> None:
+    assert reasons([recomputing(**fields), prefill()]) == []
+
+
+def test_a_recomputing_decode_plus_canaries_that_transferred_is_still_recomputing() -> None:
+    """Canaries are traffic: a pair canary's KV that arrived (one read, its 32 prompt tokens) is
+    subtracted before any rule reads the decode, so it cannot hide that users' prompts do not."""
+    from pdwarden.engines.vllm import PAIR_CANARY
+    from pdwarden.remediation.memory import organic
+
+    raw = recomputing(
+        transferred_tokens=lambda i: 200.0 + 32 * (i >= 6) + 32 * (i >= 11),
+        prefill_tokens=lambda i: 200.0 + 16 * i + 32 * (i >= 6) + 32 * (i >= 11),
+    )
+    assert reasons([raw, prefill()]) == []  # read raw, the canaries' transfers look like PD works
+    effect = PAIR_CANARY.effects["decode"]
+    canaries = [(6.0, effect), (11.0, effect)]
+    seen = PodView(raw.name, raw.role, raw.uid, history=organic(raw.history, canaries))
+    assert reasons([seen, prefill()]) == [("PromptsRecomputed", "decode-0")]
+
+
+def test_the_one_read_a_dead_prefill_failed_is_not_reported() -> None:
+    """RestartPrefill kills the prefill a read is stuck on: the decode recomputes that one
+    request (kv_load_failure_policy recompute), and no other comes until a prefill serves."""
+    once = recomputing(
+        recomputed_tokens=lambda i: 48.0 * (i >= 8), failed=lambda i: float(i >= 8),
+        prefill_tokens=lambda i: 200.0 + 48 * (i >= 8),
+    )  # fmt: skip
+    assert reasons([once, prefill()]) == []

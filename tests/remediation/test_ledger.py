@@ -13,9 +13,9 @@ from pdwarden.api import (
     RemediationStatus,
 )
 from pdwarden.constants import ANNOTATION_RESET_BREAKER
+from pdwarden.remediation.decide import Plan, PlannedAction, PodState
 from pdwarden.remediation.detect.evidence import Finding
 from pdwarden.remediation.detect.rules import Detection
-from pdwarden.remediation.policy.plan import Action, DecodePod, Plan
 from pdwarden.remediation.record.ledger import (
     breaker_reset_at,
     cycle_status,
@@ -49,7 +49,7 @@ def test_the_breaker_resets_on_the_annotation_or_a_spec_change_since_it_tripped(
 
 
 def test_an_entry_from_hostile_words_is_still_a_valid_entry() -> None:
-    action = Action("FailRooms", "p-0", "x\x00" * 5000, peer="P" * 254, room_count=-3)
+    action = PlannedAction("FailRooms", "p-0", "x\x00" * 5000, peer="P" * 254, room_count=-3)
     e = ledger_entry(action, now=NOW, dry_run=False, outcome="Failed", detail="y" * 9999)
     assert e.peer is None and e.rooms == 0 and len(e.reason) <= 1024 and e.reason.isprintable()
 
@@ -60,7 +60,7 @@ def _status(history: list[LedgerEntry], *, limit: int, previous: PDDeploymentSta
         previous=previous or PDDeploymentStatus(),
         policy=RemediationSpec(max_actions_per_hour=limit, max_unavailable_decode=1),
         generation=2, detection=detection or Detection(), decision=Plan(budget=1),
-        history=history, decodes=[DecodePod("d-0", "u", ready=True, cordoned_since=NOW)],
+        history=history, decodes=[PodState("d-0", "u", ready=True, cordoned_since=NOW)],
         now=NOW, reset_at=None,
     )  # fmt: skip
 

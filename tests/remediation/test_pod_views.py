@@ -1,4 +1,4 @@
-"""remediation.views: which pods are scraped, which are stale, a decode pod's serving state."""
+"""remediation.memory: which pods are scraped, which are stale, a decode pod's serving state."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pdwarden.constants import CONDITION_SERVING, LABEL_ROLE
-from pdwarden.remediation.detect.evidence import Finding
-from pdwarden.remediation.detect.rules import Detection
-from pdwarden.remediation.views import (
+from pdwarden.remediation.detect.evidence import Finding, PodView
+from pdwarden.remediation.detect.rules import Detection, detect
+from pdwarden.remediation.memory import (
     DeploymentMemory,
     Observation,
     WorkerPod,
@@ -111,6 +111,36 @@ def test_a_finding_is_announced_once_until_it_clears() -> None:
     assert new_findings(seen, Detection(findings=(f,)), NOW) == []
     assert new_findings(seen, Detection(), NOW) == []
     assert new_findings(seen, Detection(findings=(f,)), NOW) == [f]
+
+
+def _flat(name: str, role: str, n: int = 15, **fields: float) -> PodView:
+    return PodView(name, role, name + "-uid",
+                   history=tuple(Sample(at=float(i), **fields) for i in range(n)))  # fmt: skip
+
+
+def test_a_stuck_read_is_announced_once_while_its_suspects_change() -> None:
+    """Measured on the real vLLM pair: one stuck read drew three WedgeDetected Events in 12 s
+    as the prefill it named was restarted (the one suspect, then old and new pod, then the new
+    one). One wedge: the decode's stuck read; one announcement."""
+    stuck = _flat("decode-0", "decode", reading_queue=1.0, kv_transfers=10.0, failed=0.0)
+    old, new = _flat("prefill-0", "prefill", prefill_tokens=5.0), _flat(
+        "prefill-1", "prefill", n=1, prefill_tokens=0.0)  # fmt: skip
+    seen: dict[tuple[str, str, str], datetime] = {}
+    announced = []
+    for pods in ([stuck, old], [stuck, old, new], [stuck, new]):
+        (f,) = detect(pods, 10.0).findings
+        assert f.reason == "KVReadStuck"
+        announced += new_findings(seen, Detection(findings=(f,)), NOW)
+    assert [(f.pod, f.suspects) for f in announced] == [("decode-0", ("prefill-0",))]
+
+
+def test_rooms_stuck_with_two_named_decodes_are_two_wedges() -> None:
+    """Where a metric names the peer (a prefill's rooms), the peer is part of the wedge."""
+    seen: dict[tuple[str, str, str], datetime] = {}
+    one, two = (Finding(pod="p-0", role="prefill", reason="InflightStuck", peer=d)
+                for d in ("d-1", "d-2"))  # fmt: skip
+    assert new_findings(seen, Detection(findings=(one,)), NOW) == [one]
+    assert new_findings(seen, Detection(findings=(one, two)), NOW) == [two]
 
 
 def _room(n: int, claimed: str | None, ip: str | None) -> RoomView:

@@ -11,15 +11,15 @@ from pdwarden.constants import LABEL_SERVING
 from pdwarden.k8s.foreign import eviction_outcome
 from pdwarden.remediation.act.pod_label import label_patch
 from pdwarden.remediation.act.restart import eviction_done
+from pdwarden.remediation.decide import PlannedAction, actions_in_last_hour
 from pdwarden.remediation.policy.cordon import cordon_check
-from pdwarden.remediation.policy.plan import Action, actions_in_last_hour
 from pdwarden.remediation.policy.scope import ForeignPod, foreign_pod
 from pdwarden.remediation.record.ledger import ledger_entry
 from pdwarden.values import EvictionOutcome
 
 
 def record_eviction(
-    action: Action, outcome: EvictionOutcome, now: datetime
+    action: PlannedAction, outcome: EvictionOutcome, now: datetime
 ) -> tuple[LedgerEntry, HeldBack | None]:
     """The ledger entry and held-back note a restart by eviction leaves (as the cycle writes)."""
     done = eviction_done(action, outcome, now)
@@ -85,22 +85,26 @@ def test_cordon_check_names_decode_pods_without_the_label() -> None:
 def test_cordon_sets_the_cordoned_value_and_uncordon_sets_serving_back() -> None:
     spec = cordon()
     serving = pod("d0", **{KEY: "true"})
-    cut = label_patch(Action("CordonDecode", "d0", "stalled", uid="uid-d0"), serving, spec)
+    cut = label_patch(PlannedAction("CordonDecode", "d0", "stalled", uid="uid-d0"), serving, spec)
     assert cut is not None
     assert (cut.pod, cut.uid, cut.resource_version, cut.key, cut.value) == (
         "d0", "uid-d0", "7", KEY, "false")  # fmt: skip
     cordoned = pod("d0", **{KEY: "false"})
-    back = label_patch(Action("UncordonDecode", "d0", "healthy", uid="uid-d0"), cordoned, spec)
+    back = label_patch(
+        PlannedAction("UncordonDecode", "d0", "healthy", uid="uid-d0"), cordoned, spec
+    )
     assert back is not None and back.value == "true"  # set back, never removed
 
 
 def test_no_patch_when_already_so_or_for_another_incarnation_or_other_actions() -> None:
     spec = cordon()
     cordoned = pod("d0", **{KEY: "false"})
-    assert label_patch(Action("CordonDecode", "d0", "x", uid="uid-d0"), cordoned, spec) is None
+    assert (
+        label_patch(PlannedAction("CordonDecode", "d0", "x", uid="uid-d0"), cordoned, spec) is None
+    )
     newer = pod("d0", "uid-new", **{KEY: "true"})
-    assert label_patch(Action("CordonDecode", "d0", "x", uid="uid-d0"), newer, spec) is None
-    assert label_patch(Action("RestartDecode", "d0", "x", uid="uid-d0"), newer, spec) is None
+    assert label_patch(PlannedAction("CordonDecode", "d0", "x", uid="uid-d0"), newer, spec) is None
+    assert label_patch(PlannedAction("RestartDecode", "d0", "x", uid="uid-d0"), newer, spec) is None
 
 
 @pytest.mark.parametrize(
@@ -132,7 +136,7 @@ def test_held_back_eviction_is_recorded_but_never_trips_the_breaker() -> None:
         "decodeSelector": {"matchLabels": {"r": "d"}},
         "remediation": {"mode": "Enforce", "maxActionsPerHour": 2},
     })  # fmt: skip
-    action = Action("RestartDecode", "d0", "cordoned 60s ago and still stalled", uid="u")
+    action = PlannedAction("RestartDecode", "d0", "cordoned 60s ago and still stalled", uid="u")
     pdb = eviction_outcome(429, "Cannot evict pod as it would violate the pod's disruption budget.")
     history: list[LedgerEntry] = []
     for _ in range(5):

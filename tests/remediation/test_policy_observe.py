@@ -15,7 +15,7 @@ from pdwarden.api import (
 from pdwarden.constants import LABEL_SERVING
 from pdwarden.remediation.policy.cordon import cordon_check
 from pdwarden.remediation.policy.scope import ForeignPod, foreign_pod, select
-from pdwarden.remediation.record.policy_status import inactive_status, selection_status
+from pdwarden.remediation.record.policy_report import inactive_status, selection_status
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 SPEC = parse_policy_spec({

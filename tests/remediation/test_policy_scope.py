@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from pdwarden.api import PDRemediationPolicySpec, parse_policy_spec
 from pdwarden.constants import LABEL_DEPLOYMENT, LABEL_SERVING
+from pdwarden.remediation.decide import plan
 from pdwarden.remediation.detect.rules import Detection
-from pdwarden.remediation.policy.plan import plan
 from pdwarden.remediation.policy.scope import (
     ForeignPod,
     conflict_message,

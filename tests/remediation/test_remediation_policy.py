@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 
 from pdwarden.api import LedgerEntry, RemediationSpec
-from pdwarden.remediation.detect.evidence import Finding
-from pdwarden.remediation.detect.rules import Detection
-from pdwarden.remediation.policy.plan import (
-    Action,
-    DecodePod,
+from pdwarden.remediation.decide import (
     Plan,
+    PlannedAction,
+    PodState,
     actions_in_last_hour,
     decode_budget,
     plan,
 )
+from pdwarden.remediation.detect.evidence import Finding
+from pdwarden.remediation.detect.rules import Detection
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -36,9 +36,7 @@ def spec(**kw: Any) -> RemediationSpec:
     return RemediationSpec(**kw)
 
 
-def pods(
-    n: int = 4, cordoned: dict[str, float] | None = None, **flags: set[str]
-) -> list[DecodePod]:
+def pods(n: int = 4, cordoned: dict[str, float] | None = None, **flags: set[str]) -> list[PodState]:
     """Decode pods d-0..d-(n-1); cordoned maps name -> seconds since the cordon; flags are the
     sets of pods that are not_ready, stale or terminating."""
     out = []
@@ -46,7 +44,7 @@ def pods(
         name = f"d-{i}"
         since = (cordoned or {}).get(name)
         out.append(
-            DecodePod(
+            PodState(
                 name, f"uid-{name}",
                 ready=name not in flags.get("not_ready", set()) and since is None,
                 cordoned_since=ago(since) if since is not None else None,
@@ -92,7 +90,7 @@ def detection(*findings: Finding, stalled_decodes: Iterable[str] = ()) -> Detect
 
 def run(
     det: Detection,
-    decodes: list[DecodePod] | None = None,
+    decodes: list[PodState] | None = None,
     history: list[LedgerEntry] | None = None,
     reset_at: datetime | None = None,
     **kw: Any,
@@ -114,9 +112,9 @@ def kinds(p: Plan) -> list[tuple[str, str]]:
 def test_fail_rooms_for_wedged_rooms() -> None:
     p = run(detection(stuck("d-1", (11, 12)), gone("d-3", (21,))))
     assert p.actions == (
-        Action("FailRooms", "p-0", "InflightStuck: 2 rooms in the inflight queue",
+        PlannedAction("FailRooms", "p-0", "InflightStuck: 2 rooms in the inflight queue",
                rooms=(11, 12), room_count=2, peer="d-1"),
-        Action("FailRooms", "p-0", "PeerIncarnationGone: rooms wait on a gone incarnation",
+        PlannedAction("FailRooms", "p-0", "PeerIncarnationGone: rooms wait on a gone incarnation",
                rooms=(21,), room_count=1, peer="d-3"),
     )  # fmt: skip
     assert not p.dry_run and not p.suspended and p.held_back == ()
@@ -140,7 +138,7 @@ def test_nothing_to_do() -> None:
 
 def test_cordon_a_stalled_decode() -> None:
     p = run(detection(stalled_decodes=["d-2"]))
-    assert p.actions == (Action("CordonDecode", "d-2", "decode stalled", uid="uid-d-2"),)
+    assert p.actions == (PlannedAction("CordonDecode", "d-2", "decode stalled", uid="uid-d-2"),)
 
 
 def test_cordon_a_repeat_offender_after_its_rooms_were_failed_once() -> None:
@@ -173,7 +171,7 @@ def test_restart_only_after_restart_after_seconds() -> None:
     history = [entry("CordonDecode", "d-1", 61)]
     p = run(stalled("d-1"), pods(cordoned={"d-1": 61}), history)
     assert p.actions == (
-        Action("RestartDecode", "d-1", "cordoned 61s ago and still stalled", uid="uid-d-1"),
+        PlannedAction("RestartDecode", "d-1", "cordoned 61s ago and still stalled", uid="uid-d-1"),
     )
 
 
@@ -220,7 +218,7 @@ def test_uncordon_when_recovered() -> None:
     history = [entry("CordonDecode", "d-1", 120)]
     p = run(HEALTHY_D1, pods(cordoned={"d-1": 120}), history)
     assert p.actions == (
-        Action("UncordonDecode", "d-1", "healthy for a full window", uid="uid-d-1"),
+        PlannedAction("UncordonDecode", "d-1", "healthy for a full window", uid="uid-d-1"),
     )
 
 

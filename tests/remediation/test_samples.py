@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pdwarden.remediation.scrape import engines as engine_metrics
+from pdwarden import engines as engine_metrics
 from pdwarden.remediation.scrape.samples import (
     MAX_LABEL_VALUE_CHARS,
     MAX_LINE_CHARS,
@@ -29,9 +29,13 @@ from pdwarden.remediation.scrape.samples import (
     read_series,
 )
 from pdwarden.values import RoomView, Sample
+from pdworker import contract as pdw
 
 DATA = Path(__file__).parent / "data"
 SGLANG_FIXTURES = sorted(p.name for p in DATA.glob("sglang_*.prom"))
+# The worker's series, by their names in its contract.
+INFLIGHT, RUNNING = pdw.PREFILL_INFLIGHT_QUEUE, pdw.DECODE_RUNNING
+INCARNATION, FAILED = pdw.INCARNATION_INFO, pdw.REQUESTS_FAILED
 
 
 def body(name: str) -> str:
@@ -73,15 +77,12 @@ def test_pdworker_live_registry_still_parses() -> None:
 
 
 def test_incarnation_alone_is_usable() -> None:
-    text = 'pdworker_incarnation_info{incarnation="i-1",role="decode"} 1.0\n'
+    text = f'{INCARNATION}{{incarnation="i-1",role="decode"}} 1.0\n'
     assert parse_metrics(text, 0).incarnation == "i-1"
 
 
 def test_incarnation_with_value_zero_is_ignored() -> None:
-    text = (
-        'pdworker_incarnation_info{incarnation="old",role="decode"} 0\n'
-        "pdworker_decode_running_reqs 1\n"
-    )
+    text = f'{INCARNATION}{{incarnation="old",role="decode"}} 0\n{RUNNING} 1\n'
     assert parse_metrics(text, 0).incarnation is None
 
 
@@ -135,7 +136,7 @@ def test_line_reader_agrees_with_prometheus_client(name: str) -> None:
     """Our bounded reader against prometheus-client's own parser, on every series we read."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    names = engine_metrics.ANY.names()
+    names = engine_metrics.ANY_METRICS.names()
     ours = read_series(body(name), names)
     theirs: dict[str, list[tuple[dict[str, str], float]]] = {}
     for family in text_string_to_metric_families(body(name)):
@@ -178,15 +179,13 @@ GARBAGE = {
     "html error page": "<html><body><h1>502 Bad Gateway</h1></body></html>",
     "json": '{"error": "not found"}',
     "only unrelated metrics": "# TYPE up gauge\nup 1\nprocess_cpu_seconds_total 3.5\n",
-    "value not a number": "pdworker_prefill_inflight_queue_reqs lots\n",
-    "truncated name": "pdworker_prefill_inflight_queue_reqs 1\npdworker_prefill_inf",
-    "truncated labels": 'pdworker_requests_failed_total{reason="abor',
-    "truncated help": "# HELP pdworker_prefill_inflight_queue_reqs",
+    "value not a number": f"{INFLIGHT} lots\n",
+    "truncated name": f"{INFLIGHT} 1\n{INFLIGHT[:20]}",
+    "truncated labels": f'{FAILED}{{reason="abor',
+    "truncated help": f"# HELP {INFLIGHT}",
     "binary": "\x00\x01\x02\xff\xfe",
-    "bad type": "# TYPE pdworker_prefill_inflight_queue_reqs wibble\n",
-    "duplicate type": (
-        "# TYPE pdworker_decode_running_reqs gauge\n# TYPE pdworker_decode_running_reqs gauge\n"
-    ),
+    "bad type": f"# TYPE {INFLIGHT} wibble\n",
+    "duplicate type": f"# TYPE {RUNNING} gauge\n# TYPE {RUNNING} gauge\n",
 }
 
 
@@ -204,7 +203,7 @@ def test_truncation_anywhere_is_a_sample_or_scrape_error() -> None:
 
 
 def test_huge_body_is_refused_before_parsing() -> None:
-    line = "pdworker_decode_running_reqs 1\n"
+    line = f"{RUNNING} 1\n"
     text = line * (MAX_TEXT_BYTES // len(line) + 1)
     with pytest.raises(ScrapeError, match="too large"):
         parse_metrics(text, 0)
@@ -225,7 +224,7 @@ def test_a_long_label_value_is_refused() -> None:
 def test_series_we_do_not_read_are_skipped_by_name_however_hostile() -> None:
     """An escaped-label flood on a series no adapter reads costs a name match per line."""
     flood = 'sglang:cache_hit_rate{a="' + '\\"' * 100_000 + '"} 1\n'
-    text = flood + "# HELP junk " + "x" * 100_000 + "\npdworker_decode_running_reqs 2\n"
+    text = flood + "# HELP junk " + "x" * 100_000 + f"\n{RUNNING} 2\n"
     assert parse_metrics(text, 0).running == 2
 
 
@@ -257,11 +256,11 @@ def test_malformed_lines_of_our_series_are_scrape_errors(line: str) -> None:
 def test_non_finite_queue_values_are_scrape_errors(value: str) -> None:
     """A gauge of +Inf would reach int() in detection; NaN would never compare as wedged."""
     with pytest.raises(ScrapeError, match="not a finite"):
-        parse_metrics(f"pdworker_prefill_inflight_queue_reqs {value}\n", 0)
+        parse_metrics(f"{INFLIGHT} {value}\n", 0)
 
 
 def test_non_finite_value_of_an_unmapped_metric_is_harmless() -> None:
-    text = "pdworker_kv_transfer_seconds_sum NaN\npdworker_decode_running_reqs 1\n"
+    text = f"{pdw.KV_TRANSFER_SECONDS}_sum NaN\n{RUNNING} 1\n"
     assert parse_metrics(text, 0).running == 1
 
 
@@ -272,10 +271,10 @@ _METRIC_TEXT = st.lists(_METRIC_TOKENS, max_size=40).map("".join)
 _PREFIXES = st.sampled_from(
     [
         "",
-        "pdworker_prefill_inflight_queue_reqs ",
-        'pdworker_incarnation_info{incarnation="',
+        f"{INFLIGHT} ",
+        f'{INCARNATION}{{incarnation="',
         "sglang:num_running_reqs{",
-        "# TYPE pdworker_decode_running_reqs ",
+        f"# TYPE {RUNNING} ",
         "# HELP x ",
     ]
 )

@@ -1,4 +1,4 @@
-"""The vLLM adapter (scrape.engines.VLLM) on /metrics bodies captured from REAL vLLM 0.32 servers.
+"""The vLLM table (engines/vllm.py METRICS) on /metrics bodies captured from REAL vLLM 0.32 servers.
 
 data/vllm_decode_stuck_read.prom: a decode 20 s into a KV read from a prefill whose engine
 processes were SIGSTOPped (the read stays `in_progress`, no transfer finishes, /health 200).
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pdwarden.remediation.scrape import engines as engine_metrics
+from pdwarden import engines as engine_metrics
+from pdwarden.engines import vllm
 from pdwarden.remediation.scrape.samples import ScrapeError, parse_metrics
 
 DATA = Path(__file__).parent / "data"
@@ -56,7 +57,17 @@ def test_engines_behind_one_api_server_are_summed_and_other_engines_are_not_read
 
 
 def test_only_counters_that_move_per_step_feed_progress() -> None:
-    by_target = {s.target: s.name for s in engine_metrics.VLLM.series}
+    by_target = {s.target: s.name for s in vllm.METRICS.series}
     assert by_target["generated_tokens"] == "vllm:generation_tokens_total"
     assert "kv_expired" in engine_metrics.COUNTER_FIELDS
     assert "late_notifications" in engine_metrics.COUNTER_FIELDS
+
+
+def test_prompt_tokens_by_source_tell_transferred_from_recomputed() -> None:
+    """A decode's prompts arrive by KV transfer (48 of 48 tokens external); a prefill computes
+    its own. Cache hits are neither."""
+    d = parse_metrics(body("vllm_decode_stuck_read.prom"), 1.0, "vllm")
+    assert (d.transferred_tokens, d.recomputed_tokens, d.prefill_tokens) == (48, 0, 48)
+    p = parse_metrics(body("vllm_prefill_late_notification.prom"), 1.0, "vllm")
+    assert (p.transferred_tokens, p.recomputed_tokens, p.prefill_tokens) == (0, 100, 100)
+    assert {"recomputed_tokens", "transferred_tokens"} <= set(engine_metrics.COUNTER_FIELDS)

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from pdwarden.api import LedgerEntry, RemediationSpec
+from pdwarden.remediation.decide import Plan, PlannedAction, PodState, plan
 from pdwarden.remediation.detect.evidence import Finding
 from pdwarden.remediation.detect.rules import Detection
-from pdwarden.remediation.policy.plan import Action, DecodePod, Plan, plan
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 ALL = ["FailRooms", "CordonDecode", "RestartDecode", "AbortRequests", "RestartPrefill"]
@@ -33,8 +33,8 @@ def wedged(pod: str = "p-0", reason: str = "InflightGaugeStuck") -> Finding:
     )  # fmt: skip
 
 
-def prefill(name: str = "p-0", ready: bool = True, terminating: bool = False) -> DecodePod:
-    return DecodePod(name, f"uid-{name}", ready=ready, terminating=terminating)
+def prefill(name: str = "p-0", ready: bool = True, terminating: bool = False) -> PodState:
+    return PodState(name, f"uid-{name}", ready=ready, terminating=terminating)
 
 
 def entry(action: str, pod: str, seconds_ago: float, **kw: Any) -> LedgerEntry:
@@ -44,7 +44,7 @@ def entry(action: str, pod: str, seconds_ago: float, **kw: Any) -> LedgerEntry:
 def run(
     *findings: Finding,
     history: list[LedgerEntry] | None = None,
-    prefills: list[DecodePod] | None = None,
+    prefills: list[PodState] | None = None,
     engine: str = "sglang",
     **kw: Any,
 ) -> Plan:
@@ -52,7 +52,7 @@ def run(
     kw.setdefault("restart_after_seconds", 60)
     kw.setdefault("wedge_after_seconds", 60)
     kw.setdefault("cooldown_seconds", 30)
-    decodes = [DecodePod(f"d-{i}", f"uid-d-{i}", ready=True) for i in range(2)]
+    decodes = [PodState(f"d-{i}", f"uid-d-{i}", ready=True) for i in range(2)]
     return plan(
         RemediationSpec(**kw), Detection(tuple(findings)), decodes, history or [], NOW,
         decode_replicas=2, engine=engine,
@@ -68,7 +68,7 @@ def kinds(p: Plan) -> list[tuple[str, str]]:
 def test_a_wedged_sglang_prefill_gets_its_requests_aborted(reason: str) -> None:
     p = run(wedged(reason=reason))
     assert p.actions == (
-        Action("AbortRequests", "p-0", f"{reason}: inflight queue >= 3 for 70s",
+        PlannedAction("AbortRequests", "p-0", f"{reason}: inflight queue >= 3 for 70s",
                uid="uid-p-0", room_count=3),
     )  # fmt: skip
 

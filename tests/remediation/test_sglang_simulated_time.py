@@ -1,6 +1,6 @@
 """Ten minutes of SIMULATED SGLang pods, probed like real ones, judged the way the operator does.
 
-The pods are e2e/sglang_sim.py's engines (the same code the local cluster runs for the SGLang
+The pods are e2e/sglang_sim_engine.py's engines (the same code the local cluster runs for the SGLang
 image) on a simulated clock: every 0.25 s the scheduler ticks, every 10 s each pod answers a
 /health probe the way SGLang 0.5.23 does (a one-token request through its scheduler against a
 fake KV peer), every 5 s the operator scrapes every pod's /metrics body. The operator's pure
@@ -15,20 +15,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from e2e.sglang_sim import TICK, Engine, parse_args
+from e2e.sglang_sim import parse_args
+from e2e.sglang_sim_engine import TICK, Engine
 from prometheus_client import CollectorRegistry, generate_latest
 
 from pdwarden.api import LedgerEntry, RemediationSpec
+from pdwarden.remediation.decide import PlannedAction, PodState, plan
 from pdwarden.remediation.detect.rules import detect
-from pdwarden.remediation.policy.plan import Action, DecodePod, plan
-from pdwarden.remediation.scrape.samples import parse_metrics
-from pdwarden.remediation.views import (
+from pdwarden.remediation.memory import (
     DeploymentMemory,
     WorkerPod,
     observation,
     pod_views,
     remember,
 )
+from pdwarden.remediation.scrape.samples import parse_metrics
 
 PROBE_EVERY = 10.0
 TEN_MINUTES = 600.0
@@ -48,7 +49,7 @@ class Fleet:
     registries: dict[str, CollectorRegistry] = field(default_factory=dict)
     mem: DeploymentMemory = field(default_factory=DeploymentMemory)
     ledger: list[LedgerEntry] = field(default_factory=list)
-    actions: list[tuple[float, Action]] = field(default_factory=list)
+    actions: list[tuple[float, PlannedAction]] = field(default_factory=list)
     findings: list[tuple[float, str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -93,7 +94,7 @@ class Fleet:
         detection = detect(views, SPEC.wedge_after_seconds)
         self.findings += [(self.now, f.pod, f.reason) for f in detection.findings]
         wall = EPOCH + timedelta(seconds=self.now)
-        pods = [DecodePod(t.name, t.uid, ready=True) for t in targets]
+        pods = [PodState(t.name, t.uid, ready=True) for t in targets]
         decodes = [p for p in pods if p.name.startswith("d")]
         prefills = [p for p in pods if p.name.startswith("p")]
         decision = plan(

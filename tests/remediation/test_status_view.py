@@ -14,7 +14,7 @@ import pytest
 import status_examples as ex
 
 from pdwarden.cli import main
-from pdwarden.remediation.record.view import WIDTH, format_status, status_json
+from pdwarden.cli.status_view import WIDTH, format_status, status_json
 
 
 def lines(text: str) -> list[str]:

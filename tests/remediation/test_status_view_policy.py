@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from pdwarden.cli import _kind_and_name
-from pdwarden.remediation.record.view import format_status
+from pdwarden.cli.commands import _kind_and_name
+from pdwarden.cli.status_view import format_status
 
 NOW = datetime(2026, 11, 30, 23, 0, 0, tzinfo=UTC)
 

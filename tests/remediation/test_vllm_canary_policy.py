@@ -14,10 +14,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pdwarden.api import LedgerEntry, RemediationSpec
+from pdwarden.remediation.decide import Plan, PodState, plan
+from pdwarden.remediation.decide.verdicts import candidates, with_verdicts
 from pdwarden.remediation.detect.evidence import Finding
 from pdwarden.remediation.detect.rules import Detection
-from pdwarden.remediation.policy.canary import candidates, with_verdicts
-from pdwarden.remediation.policy.plan import DecodePod, Plan, plan
 from pdwarden.values import CanaryResult, CanaryVerdict
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -36,12 +36,10 @@ def verdict(pod: str, v: CanaryVerdict) -> CanaryResult:
     return CanaryResult(pod, v, DEAD if v == "dead" else f"{v} detail")
 
 
-def decode(
-    name: str, cordoned: float | None = None, ready: bool = True, **flags: bool
-) -> DecodePod:
+def decode(name: str, cordoned: float | None = None, ready: bool = True, **flags: bool) -> PodState:
     """A decode pod; `cordoned`: seconds since pdwarden cordoned it (then not Ready: the gate)."""
     since = NOW - timedelta(seconds=cordoned) if cordoned is not None else None
-    return DecodePod(name, f"uid-{name}", ready=ready and since is None, cordoned_since=since,
+    return PodState(name, f"uid-{name}", ready=ready and since is None, cordoned_since=since,
                      **flags)  # fmt: skip
 
 
@@ -55,7 +53,7 @@ def confirmed(
 
 
 def run(
-    detection: Detection, decodes: list[DecodePod], history: list[LedgerEntry] | None = None,
+    detection: Detection, decodes: list[PodState], history: list[LedgerEntry] | None = None,
     **kw: Any,
 ) -> Plan:  # fmt: skip
     kw.setdefault("restart_after_seconds", 120)

@@ -13,9 +13,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pdwarden.api import LedgerEntry, RemediationSpec
+from pdwarden.remediation.decide import Plan, PlannedAction, PodState, plan
 from pdwarden.remediation.detect.evidence import Finding
 from pdwarden.remediation.detect.rules import Detection
-from pdwarden.remediation.policy.plan import Action, DecodePod, Plan, plan
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 ALL = ["FailRooms", "CordonDecode", "RestartDecode", "AbortRequests", "RestartPrefill"]
@@ -30,14 +30,14 @@ def stuck(peer: str | None = "p-0", suspects: tuple[str, ...] = ("p-0",)) -> Fin
 
 def prefill(
     name: str, ready: bool = True, terminating: bool = False, stale: bool = False
-) -> DecodePod:
-    return DecodePod(name, f"uid-{name}", ready=ready, terminating=terminating, stale=stale)
+) -> PodState:
+    return PodState(name, f"uid-{name}", ready=ready, terminating=terminating, stale=stale)
 
 
 def run(
     *findings: Finding,
     history: list[LedgerEntry] | None = None,
-    prefills: list[DecodePod] | None = None,
+    prefills: list[PodState] | None = None,
     engine: str = "vllm",
     **kw: Any,
 ) -> Plan:
@@ -45,7 +45,7 @@ def run(
     kw.setdefault("restart_after_seconds", 120)
     kw.setdefault("wedge_after_seconds", 45)
     kw.setdefault("cooldown_seconds", 30)
-    decodes = [DecodePod("d-0", "uid-d-0", ready=True), DecodePod("d-1", "uid-d-1", ready=True)]
+    decodes = [PodState("d-0", "uid-d-0", ready=True), PodState("d-1", "uid-d-1", ready=True)]
     return plan(
         RemediationSpec(**kw), Detection(tuple(findings)), decodes, history or [], NOW,
         decode_replicas=2, engine=engine,
@@ -56,7 +56,7 @@ def run(
 def test_the_prefill_a_stuck_read_waits_on_is_restarted() -> None:
     p = run(stuck())
     assert p.actions == (
-        Action("RestartPrefill", "p-0", "KVReadStuck on d-0: 1 KV reads in flight for 50s",
+        PlannedAction("RestartPrefill", "p-0", "KVReadStuck on d-0: 1 KV reads in flight for 50s",
                uid="uid-p-0", peer="d-0"),
     )  # fmt: skip
 

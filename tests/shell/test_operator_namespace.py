@@ -15,7 +15,7 @@ import pytest
 from shell_fakes import KubeFake, WorkerFake, pddeployment
 
 from pdwarden.constants import KIND
-from pdwarden.handlers.deployment import OperatorState, reconcile_now
+from pdwarden.handlers.on_deployment import OperatorState, reconcile_now
 from pdwarden.run import operator_namespace
 
 

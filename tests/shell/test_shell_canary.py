@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 from shell_fakes import CanaryFake, KubeFake, LeaseWorkers, cluster
 
 from pdwarden.constants import CONDITION_SERVING, KIND, WORKER_PORT
-from pdwarden.handlers.deployment import OperatorState, remediation_cycle
+from pdwarden.handlers.on_deployment import OperatorState, remediation_cycle
 
 KEY = b"k" * 32
 

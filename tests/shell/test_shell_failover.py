@@ -19,7 +19,7 @@ from prometheus_client import REGISTRY
 from shell_fakes import KubeFake, WorkerFake, cluster
 
 from pdwarden.constants import KIND
-from pdwarden.handlers.deployment import OperatorState, reconcile_now, remediation_cycle
+from pdwarden.handlers.on_deployment import OperatorState, reconcile_now, remediation_cycle
 
 KEY = b"k" * 32
 ROUNDS = 8

@@ -17,7 +17,7 @@ from shell_fakes import KubeFake, WorkerFake, cluster
 
 from pdwarden.api import LedgerEntry
 from pdwarden.constants import CONDITION_SERVING, KIND
-from pdwarden.handlers.deployment import OperatorState, remediation_cycle
+from pdwarden.handlers.on_deployment import OperatorState, remediation_cycle
 from pdwarden.remediation.act.pod_condition import CORDONED, MESSAGE_PREFIX
 from pdwarden.remediation.events import event_name
 from pdwarden.remediation.recovery import SETTLE_AFTER

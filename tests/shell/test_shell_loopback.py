@@ -24,10 +24,10 @@ from prometheus_client import REGISTRY
 from shell_fakes import KubeFake, cluster
 
 from pdwarden.constants import KIND
-from pdwarden.handlers.deployment import OperatorState, remediation_cycle
+from pdwarden.handlers.on_deployment import OperatorState, remediation_cycle
 from pdwarden.k8s import ApiError, KubeClient
 from pdwarden.remediation.act.worker_admin import WorkerAdmin
-from pdwarden.remediation.scrape.client import WorkerClient
+from pdwarden.remediation.scrape.worker_client import WorkerClient
 from pdwarden.values import ScrapeResult, Target
 from pdworker import contract
 

@@ -30,9 +30,9 @@ from pdwarden.constants import (
     POLICY_KIND,
     WORKER_PORT,
 )
-from pdwarden.handlers.policy import PolicyState, policy_cycle
+from pdwarden.handlers.on_policy import PolicyState, policy_cycle
 from pdwarden.k8s import ApiError
-from pdwarden.remediation.views import DeploymentMemory, PodMemory
+from pdwarden.remediation.memory import DeploymentMemory, PodMemory
 from pdwarden.values import EvictionOutcome, LabelPatch, Sample, ScrapeResult, Target
 
 TOKEN = "policy-admin-token"

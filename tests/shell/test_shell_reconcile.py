@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 from shell_fakes import KubeFake, WorkerFake, pddeployment, pod
 
 from pdwarden.constants import CONDITION_SERVING, KIND
-from pdwarden.handlers.deployment import OperatorState, reconcile_now
+from pdwarden.handlers.on_deployment import OperatorState, reconcile_now
 from pdwarden.k8s import ApiError
 from pdwarden.reconciling.reconcile import PassResult
 

@@ -8,7 +8,8 @@ would see afterwards: the ledger in status, pod conditions, rooms failed, Events
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,9 +19,10 @@ from prometheus_client import REGISTRY
 from shell_fakes import KubeFake, WorkerFake, cluster, pod
 
 from pdwarden.constants import ANNOTATION_RESET_BREAKER, CONDITION_SERVING, KIND
-from pdwarden.handlers.deployment import OperatorState, remediation_cycle
+from pdwarden.handlers.on_deployment import OperatorState, remediation_cycle
 from pdwarden.k8s import ApiError
-from pdwarden.values import RoomView
+from pdwarden.remediation.scrape.worker_client import TOO_LARGE
+from pdwarden.values import RoomView, ScrapeResult, Target
 
 KEY = b"k" * 32
 
@@ -305,3 +307,31 @@ def test_the_breaker_reset_annotation_is_removed_once_the_reset_is_written(
     obj = kube.obj(KIND, "ns", "pd")
     assert ANNOTATION_RESET_BREAKER not in (obj["metadata"].get("annotations") or {})
     assert obj["status"]["remediation"]["breakerResetAt"]
+
+
+def test_a_pod_whose_metrics_are_over_the_cap_is_announced_once_and_counted(
+    kube: KubeFake,
+) -> None:
+    """A refused body (over --max-metrics-bytes): the pod is not judged, a MetricsTooLarge
+    Warning says so once, and pdwarden_scrape_refused_total (the chart's alert) moves."""
+
+    @dataclass
+    class TooLarge(WorkerFake):
+        async def scrape(
+            self, targets: Sequence[Target], token: str | None, tenant: str = ""
+        ) -> list[ScrapeResult]:
+            out = await super().scrape(targets, token, tenant)
+            return [
+                ScrapeResult(r.target, error="body over 4194304 bytes", refused=TOO_LARGE)
+                if r.target.pod == "pd-decode-1" else r
+                for r in out
+            ]  # fmt: skip
+
+    cluster(kube)
+    state = state_for(kube, TooLarge())
+    before = REGISTRY.get_sample_value("pdwarden_scrape_refused_total") or 0.0
+    cycle(state, kube)
+    cycle(state, kube)
+    assert (REGISTRY.get_sample_value("pdwarden_scrape_refused_total") or 0.0) == before + 1
+    [event] = [e for e in kube.events if e["reason"] == "MetricsTooLarge"]
+    assert "pd-decode-1 is not judged" in event["message"]

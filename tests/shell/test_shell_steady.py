@@ -14,7 +14,7 @@ import asyncio
 from shell_fakes import KubeFake, WorkerFake, cluster, pddeployment
 
 from pdwarden.constants import KIND
-from pdwarden.handlers.deployment import OperatorState, reconcile_now, remediation_cycle
+from pdwarden.handlers.on_deployment import OperatorState, reconcile_now, remediation_cycle
 from pdwarden.k8s.cache import CACHED_KINDS, ObjectCache
 from pdwarden.k8s.cached import CachedKube
 from pdwarden.remediation.record.store import compare_versions

@@ -102,7 +102,7 @@ def test_failing_a_room_is_idempotent_and_frees_both_sides(pd: Workers, side: st
     assert results[0][1]["reason"] in ("admin", "aborted")
     for proc in (prefill, decode):
         wait_clean(pd, proc)
-    assert metric(scrape(target.url), "pdworker_requests_failed_total", reason="admin") == 1
+    assert metric(scrape(target.url), c.REQUESTS_FAILED, reason="admin") == 1
 
 
 def test_decode_stall_wedges_decode_while_health_stays_green(pd: Workers) -> None:
@@ -110,16 +110,16 @@ def test_decode_stall_wedges_decode_while_health_stays_green(pd: Workers) -> Non
     assert http("POST", f"{router.url}/generate", {"input_ids": [1, 2, 3]})[0] == 200
     assert pd.admin(prefill, "POST", c.ADMIN_DECODE_STALL_PATH)[0] == 404  # decode-only
     assert pd.admin(decode, "POST", c.ADMIN_DECODE_STALL_PATH) == (200, {"stalled": True})
-    tokens = metric(scrape(decode.url), "pdworker_generated_tokens_total")
+    tokens = metric(scrape(decode.url), c.GENERATED_TOKENS)
     results: list = []
     threads = [_slow_request(router.url, results) for _ in range(3)]
     wait_for(
-        lambda: metric(scrape(decode.url), "pdworker_decode_transfer_queue_reqs") == 3,
+        lambda: metric(scrape(decode.url), c.DECODE_TRANSFER_QUEUE) == 3,
         10, "requests parked on the stalled decode",
     )  # fmt: skip
     s = scrape(decode.url)
-    assert metric(s, "pdworker_decode_running_reqs") == 0
-    assert metric(s, "pdworker_generated_tokens_total") == tokens
+    assert metric(s, c.DECODE_RUNNING) == 0
+    assert metric(s, c.GENERATED_TOKENS) == tokens
     assert http("GET", f"{decode.url}/healthz")[0] == 200
     # Prefill finished its side (one-sided WRITEs), so only decode holds the stuck rooms.
     wait_for(lambda: pd.admin(prefill, "GET", c.ADMIN_ROOMS_PATH)[1] == [], 10, "prefill done")
@@ -143,4 +143,4 @@ def test_dropped_notifications_end_in_waiting_timeout_not_a_hang(pd: Workers) ->
     for proc in (prefill, decode):
         wait_clean(pd, proc)
     d = scrape(decode.url)
-    assert metric(d, "pdworker_requests_failed_total", reason="waiting_timeout") == 1
+    assert metric(d, c.REQUESTS_FAILED, reason="waiting_timeout") == 1

@@ -643,7 +643,7 @@ def test_the_decode_watchdog_judges_deadlines_even_when_the_pump_fails() -> None
 def test_one_links_failure_does_not_stop_the_others_heartbeats() -> None:
     """A surprise while handling one prefill's heartbeat (here the lost-callback raises) must
     not end the loop: the other prefill would then see no heartbeat and drop this decode."""
-    from pdworker.prefill_link import PrefillLink, PrefillLinks
+    from pdworker.decode.prefill_link import PrefillLink, PrefillLinks
 
     cfg = WorkerConfig(role="decode", model=CFG, device="cpu", kv_pages=16,
                        bootstrap_token="k", heartbeat_interval=0.01)  # fmt: skip

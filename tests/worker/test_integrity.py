@@ -11,6 +11,7 @@ import torch
 from bench.harness import SMALL, Workers, metric, scrape, wait_clean
 from e2e.httpjson import http
 
+from pdworker import contract as pdw
 from pdworker import integrity
 from pdworker.model import KVPool, ModelConfig, TinyModel, pick_device
 
@@ -69,26 +70,22 @@ def test_200_requests_checksums_and_metrics_agree(pd: Workers) -> None:
     wait_clean(pd, decode)
     p, d, r = scrape(prefill.url), scrape(decode.url), scrape(router.url)
     direct = 4
-    assert metric(d, "pdworker_requests_completed_total", role="decode") == 200 + direct
-    assert metric(p, "pdworker_requests_completed_total", role="prefill") == 200 + direct
-    assert metric(r, "pdworker_requests_completed_total", role="router") == 200 + direct
+    assert metric(d, pdw.REQUESTS_COMPLETED, role="decode") == 200 + direct
+    assert metric(p, pdw.REQUESTS_COMPLETED, role="prefill") == 200 + direct
+    assert metric(r, pdw.REQUESTS_COMPLETED, role="router") == 200 + direct
     direct_tokens = 1 + 4 + 3 + 2
-    assert (
-        metric(d, "pdworker_generated_tokens_total") == summary["generated_tokens"] + direct_tokens
-    )
-    moved = metric(p, "pdworker_kv_transfer_bytes_total")
+    assert metric(d, pdw.GENERATED_TOKENS) == summary["generated_tokens"] + direct_tokens
+    moved = metric(p, pdw.KV_TRANSFER_BYTES)
     page_bytes = CFG.page_bytes
     direct_bytes = sum(CFG.pages_for(n) for n in (1, 21, 37, 100)) * page_bytes
     assert moved == summary["kv_bytes"] + direct_bytes
-    assert metric(p, "pdworker_kv_transfer_seconds_count") == 200 + direct
+    assert metric(p, f"{pdw.KV_TRANSFER_SECONDS}_count") == 200 + direct
     for samples in (p, d):
-        assert metric(samples, "pdworker_kv_checksum_mismatch_total") == 0
-        assert metric(samples, "pdworker_kv_pages_free") == metric(
-            samples, "pdworker_kv_pages_total"
-        )
+        assert metric(samples, pdw.KV_CHECKSUM_MISMATCH) == 0
+        assert metric(samples, pdw.KV_PAGES_FREE) == metric(samples, pdw.KV_PAGES_TOTAL)
         for reason in ("aborted", "transfer_error", "peer_lost", "waiting_timeout"):
-            assert metric(samples, "pdworker_requests_failed_total", reason=reason) == 0
-    incarnations = [k for k in p if k[0] == "pdworker_incarnation_info"]
+            assert metric(samples, pdw.REQUESTS_FAILED, reason=reason) == 0
+    incarnations = [k for k in p if k[0] == pdw.INCARNATION_INFO]
     assert len(incarnations) == 1 and dict(incarnations[0][1])["incarnation"].startswith("prefill-")
 
 
@@ -104,14 +101,14 @@ def test_a_flipped_byte_in_a_landed_page_is_caught_with_the_default_verify(pd: W
     wait_clean(pd, prefill)
     wait_clean(pd, decode)
     d = scrape(decode.url)
-    assert metric(d, "pdworker_kv_checksum_mismatch_total") == 20
-    assert metric(d, "pdworker_requests_completed_total", role="decode") == 0
+    assert metric(d, pdw.KV_CHECKSUM_MISMATCH) == 20
+    assert metric(d, pdw.REQUESTS_COMPLETED, role="decode") == 0
     # And the same requests without the fault all pass the check (the check is not just "fail").
     _prefill2, decode2, router2 = pd.trio()
     for i in range(20):
         ids = [(i * 31 + j) % 1024 for j in range(1 + i % CFG.page_size)]
         assert http("POST", f"{router2.url}/generate", {"input_ids": ids})[0] == 200
-    assert metric(scrape(decode2.url), "pdworker_kv_checksum_mismatch_total") == 0
+    assert metric(scrape(decode2.url), pdw.KV_CHECKSUM_MISMATCH) == 0
 
 
 def test_bad_generate_bodies_are_4xx_with_a_reason(pd: Workers) -> None:

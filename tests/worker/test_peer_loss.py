@@ -10,6 +10,8 @@ import time
 import pytest
 from bench.harness import Workers, metric, scrape, wait_clean, wait_for
 
+from pdworker import contract as pdw
+
 pytestmark = pytest.mark.nixl
 PEER_TIMEOUT = 3.0  # conftest SMALL: --peer-timeout 3, heartbeats every 0.5 s
 
@@ -20,9 +22,7 @@ def test_kill_decode_mid_transfer_then_restart(pd: Workers) -> None:
         "--prefill-chunk-ms", "50", "--chunk-pages", "1", "--bootstrap-timeout", "5"
     )  # fmt: skip
     old = scrape(decode.url)
-    old_incarnation = next(
-        dict(k[1])["incarnation"] for k in old if k[0] == "pdworker_incarnation_info"
-    )
+    old_incarnation = next(dict(k[1])["incarnation"] for k in old if k[0] == pdw.INCARNATION_INFO)
     pd.load_background(router, "--clients", "8", "--duration", "30", "--prompt-len", "40:80",
                        "--output-len", "1:4", "--timeout", "20")  # fmt: skip
 
@@ -47,15 +47,15 @@ def test_kill_decode_mid_transfer_then_restart(pd: Workers) -> None:
     elapsed = time.monotonic() - killed
     assert elapsed < PEER_TIMEOUT + 4
     p = scrape(prefill.url)
-    lost = metric(p, "pdworker_requests_failed_total", reason="peer_lost") + metric(
-        p, "pdworker_requests_failed_total", reason="transfer_error"
+    lost = metric(p, pdw.REQUESTS_FAILED, reason="peer_lost") + metric(
+        p, pdw.REQUESTS_FAILED, reason="transfer_error"
     )
     assert lost >= 1, "rooms bound to the dead decode must fail as peer_lost/transfer_error"
 
     # A new decode incarnation on the same address works immediately.
     new = pd.worker("decode", port=decode.port)
     new_incarnation = next(
-        dict(k[1])["incarnation"] for k in scrape(new.url) if k[0] == "pdworker_incarnation_info"
+        dict(k[1])["incarnation"] for k in scrape(new.url) if k[0] == pdw.INCARNATION_INFO
     )
     assert new_incarnation != old_incarnation
     for proc in pd.procs:
@@ -67,4 +67,4 @@ def test_kill_decode_mid_transfer_then_restart(pd: Workers) -> None:
     assert summary["completed"] == 20, summary
     wait_clean(pd, prefill)
     wait_clean(pd, new)
-    assert metric(scrape(new.url), "pdworker_kv_checksum_mismatch_total") == 0
+    assert metric(scrape(new.url), pdw.KV_CHECKSUM_MISMATCH) == 0

@@ -12,6 +12,7 @@ import time
 import pytest
 from bench.harness import Workers, metric, queues_idle, scrape, wait_clean, wait_for
 
+from pdworker import contract as pdw
 from pdworker.contract import FAILURE_REASONS
 
 pytestmark = [pytest.mark.nixl, pytest.mark.slow]
@@ -25,13 +26,13 @@ PATIENT = ("--waiting-timeout", "120", "--inflight-timeout", "120", "--bootstrap
 
 def failures(url: str) -> dict[str, float]:
     s = scrape(url)
-    return {r: metric(s, "pdworker_requests_failed_total", reason=r) for r in REASONS}
+    return {r: metric(s, pdw.REQUESTS_FAILED, reason=r) for r in REASONS}
 
 
 def assert_clean(pd: Workers, *procs) -> None:
     for proc in procs:
         wait_clean(pd, proc, timeout=40)
-        assert metric(scrape(proc.url), "pdworker_kv_checksum_mismatch_total") == 0
+        assert metric(scrape(proc.url), pdw.KV_CHECKSUM_MISMATCH) == 0
 
 
 def test_abort_storm_leaves_nothing_behind(pd: Workers) -> None:
@@ -51,7 +52,7 @@ def test_abort_storm_leaves_nothing_behind(pd: Workers) -> None:
         assert failed["aborted"] > 0, failed  # cancellations reached both sides
         assert {r: v for r, v in failed.items() if r != "aborted" and v} == {}, failed
     d = scrape(decode.url)
-    assert metric(d, "pdworker_requests_completed_total", role="decode") >= summary["completed"]
+    assert metric(d, pdw.REQUESTS_COMPLETED, role="decode") >= summary["completed"]
 
 
 def test_legacy_status_race_without_watchdog_wedges_prefill(pd: Workers) -> None:
@@ -68,20 +69,20 @@ def test_legacy_status_race_without_watchdog_wedges_prefill(pd: Workers) -> None
     wait_for(lambda: queues_idle(decode.url), 15, "decode idle")
     # ...while prefill keeps rooms in the inflight queue, and they stay there.
     stuck = wait_for(
-        lambda: metric(scrape(prefill.url), "pdworker_prefill_inflight_queue_reqs"),
+        lambda: metric(scrape(prefill.url), pdw.PREFILL_INFLIGHT_QUEUE),
         10,
         "stuck rooms",
     )
     first = scrape(prefill.url)
     wait_for(
-        lambda: metric(scrape(prefill.url), "pdworker_prefill_inflight_oldest_seconds")
-        > metric(first, "pdworker_prefill_inflight_oldest_seconds") + 2,
+        lambda: metric(scrape(prefill.url), pdw.PREFILL_INFLIGHT_OLDEST)
+        > metric(first, pdw.PREFILL_INFLIGHT_OLDEST) + 2,
         10, "the oldest stuck room to age",
     )  # fmt: skip
     later, d = scrape(prefill.url), scrape(decode.url)
-    assert metric(later, "pdworker_prefill_inflight_queue_reqs") >= stuck > 0
-    assert metric(d, "pdworker_decode_running_reqs") == 0
-    assert metric(d, "pdworker_decode_transfer_queue_reqs") == 0
+    assert metric(later, pdw.PREFILL_INFLIGHT_QUEUE) >= stuck > 0
+    assert metric(d, pdw.DECODE_RUNNING) == 0
+    assert metric(d, pdw.DECODE_TRANSFER_QUEUE) == 0
     status, rooms = pd.admin(prefill, "GET", "/admin/rooms")
     assert status == 200
     wedged = [r for r in rooms if r["phase"] == "inflight"]

@@ -31,6 +31,8 @@ from bench.harness import (
 )
 from e2e.httpjson import http
 
+from pdworker import contract as pdw
+
 pytestmark = pytest.mark.nixl
 VICTIM_IP = "127.0.0.3"
 NIXL_TAG = b"nixlSerDes|Agent"
@@ -94,7 +96,7 @@ def registration(agent: str, address: str, metadata: str, pod: str) -> dict[str,
 
 
 def failed(samples: dict, reason: str) -> float:
-    return metric(samples, "pdworker_requests_failed_total", reason=reason)
+    return metric(samples, pdw.REQUESTS_FAILED, reason=reason)
 
 
 def test_bootstrap_attacks_are_refused_and_serving_loses_nothing(pd: Workers) -> None:
@@ -171,7 +173,7 @@ def test_bootstrap_attacks_are_refused_and_serving_loses_nothing(pd: Workers) ->
     p, d = scrape(prefill.url), scrape(decode.url)
     for reason in ("peer_lost", "aborted", "transfer_error"):
         assert failed(p, reason) == 0 and failed(d, reason) == 0, reason
-    assert metric(d, "pdworker_kv_checksum_mismatch_total") == 0
+    assert metric(d, pdw.KV_CHECKSUM_MISMATCH) == 0
     wait_clean(pd, prefill)
     wait_clean(pd, decode)
 

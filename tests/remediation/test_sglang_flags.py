@@ -16,8 +16,8 @@ import pytest
 from e2e import sglang_source
 
 from pdwarden.constants import WORKER_PORT
-from pdwarden.remediation.scrape import sglang_args
-from pdwarden.remediation.views import WorkerPod, pod_views, scrape_targets
+from pdwarden.engines import sglang_flags as sglang_args
+from pdwarden.remediation.memory import WorkerPod, pod_views, scrape_targets
 
 RENDERED = ["python3", "-m", "sglang.launch_server", "--model-path", "m",
             "--disaggregation-mode", "prefill", "--port", str(WORKER_PORT)]  # fmt: skip
@@ -91,7 +91,7 @@ def test_the_setting_reaches_detection_through_the_scrape_targets() -> None:
     pods[1]["spec"]["containers"][1]["args"] = ["--optimistic-prefill-attempts", "1"]
     targets = scrape_targets(pods, "sglang")
     assert [t.rooms_wait_for_decode_kv for t in targets] == [False, True]
-    from pdwarden.remediation.views import DeploymentMemory
+    from pdwarden.remediation.memory import DeploymentMemory
 
     views = pod_views(targets, {}, DeploymentMemory(), 0.0, 5.0)
     assert [v.rooms_wait_for_decode_kv for v in views] == [False, True]

@@ -1,0 +1,188 @@
+"""decide.pairs and memory.organic: who a pair canary asks, what its outcome means, and that a
+canary never reads as progress (a frozen pod plus canaries is still a frozen pod)."""
+
+from __future__ import annotations
+
+from pdwarden.remediation.decide.pairs import (
+    MAX_PAIRS,
+    judged,
+    pairs_to_ask,
+    quiet,
+    with_pair_outcomes,
+)
+from pdwarden.remediation.detect.evidence import PodView
+from pdwarden.remediation.detect.pull import kv_read_stuck
+from pdwarden.remediation.detect.rules import Detection
+from pdwarden.remediation.memory import organic
+from pdwarden.values import CanaryResult, PairResult, Sample
+
+QUIET = 10.0
+
+
+def flat(
+    role: str, seconds: float = 12.0, step: float = 2.0, **fields: float
+) -> tuple[Sample, ...]:
+    """Samples every `step` seconds over `seconds`, every counter standing still."""
+    n = int(seconds / step) + 1
+    base = {"prefill_tokens": 100.0, "generated_tokens": 50.0, "completed": 5.0, **fields}
+    return tuple(Sample(at=100.0 + i * step, **base) for i in range(n))
+
+
+def busy(role: str, seconds: float = 12.0, step: float = 2.0) -> tuple[Sample, ...]:
+    n = int(seconds / step) + 1
+    return tuple(
+        Sample(at=100.0 + i * step, prefill_tokens=100.0 + 10 * i, generated_tokens=50.0 + 5 * i)
+        for i in range(n)
+    )
+
+
+def view(name: str, role: str, history: tuple[Sample, ...], stale: bool = False) -> PodView:
+    return PodView(name=name, role=role, uid=f"uid-{name}", history=history, stale=stale)
+
+
+def test_a_pod_whose_counters_stood_still_for_the_window_is_quiet() -> None:
+    assert quiet(view("d", "decode", flat("decode")), QUIET)
+    assert not quiet(view("d", "decode", busy("decode")), QUIET)
+
+
+def test_a_pod_seen_for_less_than_the_window_or_stale_is_not_judged() -> None:
+    assert not quiet(view("d", "decode", flat("decode", seconds=6)), QUIET)
+    assert not quiet(view("d", "decode", flat("decode"), stale=True), QUIET)
+    assert not quiet(view("d", "decode", ()), QUIET)
+
+
+def test_a_quiet_pod_is_paired_with_a_partner_proven_alive() -> None:
+    views = [
+        view("p-0", "prefill", busy("prefill")),
+        view("p-1", "prefill", flat("prefill")),
+        view("d-0", "decode", busy("decode")),
+    ]
+    assert pairs_to_ask(views, {}, now=1000.0, seconds=QUIET) == [("p-1", "d-0")]
+
+
+def test_an_idle_pairs_two_quiet_pods_are_asked_together_once() -> None:
+    views = [view("p-0", "prefill", flat("prefill")), view("d-0", "decode", flat("decode"))]
+    assert pairs_to_ask(views, {}, now=1000.0, seconds=QUIET) == [("p-0", "d-0")]
+
+
+def test_a_pod_asked_within_the_window_is_not_asked_again() -> None:
+    views = [view("p-0", "prefill", flat("prefill")), view("d-0", "decode", flat("decode"))]
+    asked = {"p-0": 995.0, "d-0": 995.0}
+    assert pairs_to_ask(views, asked, now=1000.0, seconds=QUIET) == []
+    assert pairs_to_ask(views, asked, now=1006.0, seconds=QUIET) == [("p-0", "d-0")]
+
+
+def test_no_partner_no_canary_and_at_most_max_pairs_a_cycle() -> None:
+    assert pairs_to_ask([view("p-0", "prefill", flat("prefill"))], {}, 1000.0, QUIET) == []
+    views = [view(f"p-{i}", "prefill", flat("prefill")) for i in range(5)]
+    views += [view(f"d-{i}", "decode", flat("decode")) for i in range(5)]
+    assert len(pairs_to_ask(views, {}, 1000.0, QUIET)) == MAX_PAIRS
+
+
+def test_a_stale_pod_is_neither_asked_nor_a_partner() -> None:
+    views = [
+        view("p-0", "prefill", flat("prefill")),
+        view("d-0", "decode", flat("decode"), stale=True),
+    ]
+    assert pairs_to_ask(views, {}, 1000.0, QUIET) == []
+
+
+def test_decode_dead_makes_the_decode_dead_for_the_ladder() -> None:
+    got = with_pair_outcomes(
+        Detection(healthy_decodes=frozenset({"d-0"})),
+        [PairResult("p-0", "d-0", "decode_dead", "decode leg: no answer")],
+    )
+    assert got.dead_decodes == {"d-0"} and "d-0" in got.stalled_decodes
+    assert "d-0" not in got.healthy_decodes
+    [f] = got.findings  # announced once as a wedge (WedgeDetected), repaired by rungs 2-4
+    assert (f.pod, f.role, f.reason) == ("d-0", "decode", "DecodeDead")
+
+
+def test_prefill_dead_is_a_prefill_dead_finding_on_the_prefill() -> None:
+    got = with_pair_outcomes(
+        Detection(), [PairResult("p-0", "d-0", "prefill_dead", "prefill leg: no answer")]
+    )
+    [f] = got.findings
+    assert (f.pod, f.role, f.reason) == ("p-0", "prefill", "PrefillDead")
+    assert "d-0" in f.evidence and got.dead_decodes == frozenset()
+
+
+def test_unknown_proves_nothing_and_decoded_only_notes_the_decode_alive() -> None:
+    before = Detection(healthy_decodes=frozenset({"d-0"}))
+    unknown = with_pair_outcomes(before, [PairResult("p-0", "d-0", "unknown", "HTTP 401")])
+    assert unknown.findings == () and unknown.canaries == {} and unknown.stalled_decodes == set()
+    decoded = with_pair_outcomes(before, [PairResult("p-0", "d-0", "decoded", "0.2s")])
+    assert decoded.canaries["d-0"].verdict == "alive" and decoded.dead_decodes == frozenset()
+    dead = {"d-0": CanaryResult("d-0", "dead", "one-token canary")}
+    kept = with_pair_outcomes(Detection(canaries=dead), [PairResult("p-0", "d-0", "decoded", "")])
+    assert kept.canaries["d-0"].verdict == "dead"  # a decode canary's dead is never overwritten
+
+
+def test_a_dead_side_is_a_suspect_until_it_missed_threshold_canaries_in_a_row() -> None:
+    dead = PairResult("p-0", "d-0", "prefill_dead", "prefill leg: no answer")
+    [first], counts = judged([dead], {}, 2)
+    assert (
+        first.outcome == "suspect" and "1 of 2" in first.detail and counts == {"p-0": 1, "d-0": 0}
+    )
+    [second], counts = judged([dead], counts, 2)
+    assert second.outcome == "prefill_dead" and "2 canaries in a row" in second.detail
+    assert counts["p-0"] == 2
+    [once], _ = judged([dead], {}, 1)  # threshold 1: the first miss acts, as before
+    assert once == dead
+
+
+def test_an_answer_starts_the_count_again_and_unknown_leaves_it() -> None:
+    decode_dead = PairResult("p-0", "d-0", "decode_dead", "decode leg", prefill_answered=True)
+    _, counts = judged([decode_dead], {"p-0": 1, "d-0": 1}, 3)
+    assert counts == {"p-0": 0, "d-0": 2}  # the prefill answered; the decode missed again
+    unknown = PairResult("p-0", "d-0", "unknown", "HTTP 401")
+    [same], kept = judged([unknown], counts, 3)
+    assert same == unknown and kept == counts
+    ok = PairResult("p-0", "d-0", "decoded", "0.2s", prefill_answered=True, decode_answered=True)
+    assert judged([ok], kept, 3)[1] == {"p-0": 0, "d-0": 0}
+
+
+def test_a_suspect_proves_nothing() -> None:
+    suspect = PairResult("p-0", "d-0", "suspect", "decode leg: no answer (suspect: 1 of 2)")
+    got = with_pair_outcomes(Detection(healthy_decodes=frozenset({"d-0"})), [suspect])
+    assert got.findings == () and got.canaries == {} and got.healthy_decodes == {"d-0"}
+
+
+def test_a_frozen_pod_plus_canaries_is_still_a_frozen_pod() -> None:
+    """What the canaries sent through a frozen decode (answered before it froze, say) moved its
+    raw counters; without them it is flat, so it stays quiet and is asked again."""
+    raw = list(flat("decode", kv_transfers=7.0))
+    effect = {"prefill_tokens": 4.0, "generated_tokens": 1.0, "completed": 1.0, "kv_transfers": 1.0}
+    effects = []
+    for i in (2, 4):  # two canaries answered, each seen by the samples after it
+        effects.append((raw[i].at - 0.5, effect))
+        raw[i:] = [
+            Sample(at=s.at, prefill_tokens=(s.prefill_tokens or 0) + 4,
+                   generated_tokens=(s.generated_tokens or 0) + 1,
+                   completed=(s.completed or 0) + 1, kv_transfers=(s.kv_transfers or 0) + 1)
+            for s in raw[i:]
+        ]  # fmt: skip
+    assert not quiet(view("d-0", "decode", tuple(raw)), QUIET)  # raw: the canaries look like work
+    assert quiet(view("d-0", "decode", organic(raw, effects)), QUIET)
+
+
+def test_a_stuck_read_plus_canaries_is_still_a_stuck_read() -> None:
+    """A decode whose KV read is stuck: a canary that read through another prefill adds one
+    finished read; without it the read counter is flat and KVReadStuck still names the pod."""
+    raw = [Sample(at=100.0 + 5 * i, reading_queue=1.0, kv_transfers=3.0, failed=0.0)
+           for i in range(14)]  # fmt: skip
+    raw[8:] = [Sample(at=s.at, reading_queue=1.0, kv_transfers=4.0, failed=0.0) for s in raw[8:]]
+    effects = [(raw[8].at - 1.0, {"kv_transfers": 1.0})]
+    decode = view("d-0", "decode", tuple(raw))
+    assert kv_read_stuck(decode, [decode], 60.0) is None  # raw: a read "finished"
+    fixed = view("d-0", "decode", organic(raw, effects))
+    stuck = kv_read_stuck(fixed, [fixed], 60.0)
+    assert stuck is not None and stuck.reason == "KVReadStuck"
+
+
+def test_organic_leaves_samples_before_a_canary_and_gauges_alone() -> None:
+    raw = (Sample(at=1.0, generated_tokens=10.0, running=2.0),
+           Sample(at=3.0, generated_tokens=11.0, running=2.0))  # fmt: skip
+    out = organic(raw, [(2.0, {"generated_tokens": 1.0, "running": 5.0})])
+    assert [s.generated_tokens for s in out] == [10.0, 10.0]
+    assert [s.running for s in out] == [2.0, 2.0]  # not a counter: never touched

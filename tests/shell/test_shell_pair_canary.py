@@ -1,0 +1,211 @@
+"""Pair canaries in whole PDDeployment cycles (engine vllm): the real shell over fakes.
+
+`ClockWorkers` serves vLLM pods whose samples are 2 s apart (a scrape clock, so a 10 s quiet
+window passes in six cycles, not ten seconds): `frozen` pods' counters stand still, the others'
+move. `PairFake` says what a canary through each pair finds. Each test asserts what a user sees:
+the ledger, the pod's serving condition, the counters pdwarden exports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+from shell_fakes import KubeFake, WorkerFake, cluster
+
+from pdwarden.constants import KIND, LABEL_ROLE
+from pdwarden.handlers.on_deployment import OperatorState, remediation_cycle
+from pdwarden.values import PairCanary, PairOutcome, PairResult, Sample, Target
+
+KEY = b"k" * 32
+STEP = 2.0  # seconds between two samples of the scrape clock
+
+
+@dataclass
+class ClockWorkers(WorkerFake):
+    frozen: set[str] = field(default_factory=set)
+    _n: Counter[str] = field(default_factory=Counter)
+    t0: float = field(default_factory=time.monotonic)
+
+    def _sample(self, target: Target) -> Sample:
+        self._n[target.pod] += 1
+        n = self._n[target.pod]
+        moving = 0.0 if target.pod in self.frozen else 7.0 * n
+        return Sample(
+            at=self.t0 + STEP * n, running=0.0, waiting_queue=0.0, reading_queue=0.0,
+            prefill_tokens=100.0 + moving, generated_tokens=50.0 + moving, completed=3.0,
+        )  # fmt: skip
+
+
+@dataclass
+class PairFake:
+    """ports.PairCanaryApi: `outcomes[(prefill, decode)]` (decoded when unset); `asked` pairs."""
+
+    outcomes: dict[tuple[str, str], PairOutcome] = field(default_factory=dict)
+    asked: list[tuple[str, str]] = field(default_factory=list)
+    deadlines: list[float] = field(default_factory=list)
+
+    async def pair(
+        self, prefill: Target, decode: Target, canary: PairCanary, tenant: str = "",
+        deadline: float = 8.0,
+    ) -> PairResult:  # fmt: skip
+        self.asked.append((prefill.pod, decode.pod))
+        self.deadlines.append(deadline)
+        outcome = self.outcomes.get((prefill.pod, decode.pod), "decoded")
+        return PairResult(prefill.pod, decode.pod, outcome, f"{outcome} (fake)", 0.1,
+                          prefill_answered=outcome != "prefill_dead",
+                          decode_answered=outcome == "decoded")  # fmt: skip
+
+
+def setup(
+    kube: KubeFake, workers: ClockWorkers, pair: PairFake, **remediation: Any
+) -> OperatorState:
+    cluster(kube, prefill=1, decode=2, **remediation)
+    kube.objects[(KIND, "ns", "pd")]["spec"]["engine"] = "vllm"
+    return OperatorState(client=kube, workers=workers, admin=workers, token_key=KEY, pair=pair)
+
+
+def cycles(state: OperatorState, kube: KubeFake, n: int) -> None:
+    for _ in range(n):
+        asyncio.run(remediation_cycle(state, kube.obj(KIND, "ns", "pd")))
+
+
+def history(kube: KubeFake) -> list[dict[str, Any]]:
+    status = kube.obj(KIND, "ns", "pd").get("status") or {}
+    return list((status.get("remediation") or {}).get("history") or [])
+
+
+def sent(outcome: str) -> float:
+    return REGISTRY.get_sample_value("pdwarden_pair_canaries_total", {"outcome": outcome}) or 0.0
+
+
+def remediated() -> float:
+    return REGISTRY.get_sample_value("pdwarden_time_to_remediate_seconds_count") or 0.0
+
+
+def asked(state: OperatorState, kube: KubeFake, pair: PairFake, n: int) -> None:
+    """Cycles until the n-th pair canary was sent. The operator spaces canaries through a pod by
+    quietSeconds of its own monotonic clock (2 s here), so cycles are paced, not counted; the
+    wait ends on the canaries sent, within 10 s."""
+    deadline = time.monotonic() + 10
+    while len(pair.asked) < n:
+        assert time.monotonic() < deadline, pair.asked
+        cycles(state, kube, 1)
+        time.sleep(0.2)  # pacing between cycles while the operator's quiet window runs out
+
+
+@pytest.fixture
+def kube() -> KubeFake:
+    return KubeFake()
+
+
+def test_a_decode_frozen_behind_its_api_server_is_cordoned_once_a_pair_canary_finds_it_dead(
+    kube: KubeFake,
+) -> None:
+    workers = ClockWorkers(frozen={"pd-decode-1"})
+    pair = PairFake(outcomes={("pd-prefill-0", "pd-decode-1"): "decode_dead"})
+    state = setup(kube, workers, pair, canary={"failureThreshold": 1})  # the default 2: below
+    before, repaired = sent("decode_dead"), remediated()
+    cycles(state, kube, 5)  # 8 s of history: not quiet for 10 s yet
+    assert pair.asked == [] and history(kube) == []
+    cycles(state, kube, 1)
+    assert pair.asked == [("pd-prefill-0", "pd-decode-1")]  # paired with the live prefill
+    [entry] = history(kube)
+    assert (entry["action"], entry["pod"]) == ("CordonDecode", "pd-decode-1")
+    assert "pair canary" in entry["reason"]
+    assert sent("decode_dead") == before + 1
+    assert remediated() == repaired + 1  # observed when the repair landed, not at detection
+
+
+def test_a_prefill_a_pair_canary_finds_dead_is_restarted(kube: KubeFake) -> None:
+    workers = ClockWorkers(frozen={"pd-prefill-0"})
+    pair = PairFake(outcomes={("pd-prefill-0", "pd-decode-0"): "prefill_dead"})
+    actions = ["FailRooms", "CordonDecode", "RestartDecode", "RestartPrefill"]
+    state = setup(kube, workers, pair, actions=actions, canary={"failureThreshold": 1})
+    cycles(state, kube, 6)
+    assert pair.asked == [("pd-prefill-0", "pd-decode-0")]
+    [entry] = history(kube)
+    assert (entry["action"], entry["pod"]) == ("RestartPrefill", "pd-prefill-0")
+    assert entry["reason"].startswith("PrefillDead: pair canary with pd-decode-0")
+    assert (
+        "Pod",
+        "ns",
+        "pd-prefill-0",
+    ) not in kube.objects  # deleted: its StatefulSet makes it anew
+
+
+def test_a_side_is_dead_only_after_failure_threshold_canaries_in_a_row(kube: KubeFake) -> None:
+    """The default failureThreshold (2): a prefill that once gave no answer is a suspect, asked
+    again a quiet window later, and restarted only when that canary gets nothing either; an
+    answer in between starts its count again (a stalled, not dead, engine is never restarted)."""
+    workers = ClockWorkers(frozen={"pd-prefill-0", "pd-decode-0", "pd-decode-1"})
+    pair = PairFake(outcomes={("pd-prefill-0", "pd-decode-0"): "prefill_dead"})
+    actions = ["FailRooms", "CordonDecode", "RestartDecode", "RestartPrefill"]
+    state = setup(kube, workers, pair, actions=actions, canary={"quietSeconds": 2})
+    kube.objects[("Pod", "ns", "pd-decode-1")]["metadata"]["labels"][LABEL_ROLE] = "x"  # one pair
+    suspects, dead = sent("suspect"), sent("prefill_dead")
+
+    asked(state, kube, pair, 1)  # no answer: a suspect
+    assert history(kube) == [] and sent("suspect") == suspects + 1
+    pair.outcomes.clear()
+    asked(state, kube, pair, 2)  # it answered: the count starts again
+    pair.outcomes[("pd-prefill-0", "pd-decode-0")] = "prefill_dead"
+    asked(state, kube, pair, 3)
+    assert history(kube) == [] and sent("suspect") == suspects + 2
+    assert sent("prefill_dead") == dead
+    asked(state, kube, pair, 4)  # the second in a row: dead, restarted
+    [entry] = history(kube)
+    assert (entry["action"], entry["pod"]) == ("RestartPrefill", "pd-prefill-0")
+    assert "2 canaries in a row" in entry["reason"] and sent("prefill_dead") == dead + 1
+
+
+def test_a_busy_healthy_pair_gets_no_canary_and_an_idle_one_a_canary_per_quiet_window(
+    kube: KubeFake,
+) -> None:
+    workers = ClockWorkers()
+    pair = PairFake()
+    state = setup(kube, workers, pair)
+    cycles(state, kube, 8)
+    assert pair.asked == [] and history(kube) == []  # every counter moves: nobody is quiet
+    workers.frozen = {"pd-prefill-0", "pd-decode-0", "pd-decode-1"}  # all idle now
+    cycles(state, kube, 8)
+    # Each quiet pod once a window: the one prefill serves both decodes' canaries, one a cycle.
+    assert pair.asked == [("pd-prefill-0", "pd-decode-0"), ("pd-prefill-0", "pd-decode-1")]
+    assert history(kube) == []  # decoded: alive, nothing to do
+
+
+def test_canaries_off_or_an_unknown_outcome_never_act(kube: KubeFake) -> None:
+    workers = ClockWorkers(frozen={"pd-decode-1"})
+    pair = PairFake(outcomes={("pd-prefill-0", "pd-decode-1"): "unknown"})
+    state = setup(kube, workers, pair)
+    cycles(state, kube, 8)
+    assert pair.asked and history(kube) == []
+    kube2 = KubeFake()
+    off = PairFake(outcomes={("pd-prefill-0", "pd-decode-1"): "decode_dead"})
+    state2 = setup(kube2, ClockWorkers(frozen={"pd-decode-1"}), off, canary={"enabled": False})
+    cycles(state2, kube2, 8)
+    assert off.asked == [] and history(kube2) == []
+
+
+def test_the_first_canary_through_a_pair_gets_the_long_deadline_until_one_decoded(
+    kube: KubeFake,
+) -> None:
+    """The first canary through a pair makes its KV handshake (slow on a busy machine): it gets
+    firstDeadlineSeconds; once one decoded, deadlineSeconds; a restarted container is cold again."""
+    workers = ClockWorkers(frozen={"pd-prefill-0", "pd-decode-0", "pd-decode-1"})
+    pair = PairFake()
+    state = setup(kube, workers, pair, canary={"quietSeconds": 2})
+    kube.objects[("Pod", "ns", "pd-decode-1")]["metadata"]["labels"][LABEL_ROLE] = "x"  # one pair
+
+    asked(state, kube, pair, 1)
+    asked(state, kube, pair, 2)
+    decode = kube.objects[("Pod", "ns", "pd-decode-0")]
+    decode["status"]["containerStatuses"] = [{"name": "worker", "restartCount": 1}]
+    asked(state, kube, pair, 3)
+    assert pair.asked == [("pd-prefill-0", "pd-decode-0")] * 3
+    assert pair.deadlines == [30.0, 8.0, 30.0]
