@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from e2e.cluster.controlplane import REPO_ROOT, free_port
+from e2e.cluster.controlplane import REPO_ROOT
+from e2e.cluster.processes import free_port
 
 T = TypeVar("T")
 TICK = os.sysconf("SC_CLK_TCK")

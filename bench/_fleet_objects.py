@@ -18,6 +18,8 @@ from typing import Any, Final
 from e2e.apicount import Kubectl
 from e2e.kubelet.kwok import SCALE_POD_PLACEMENT
 
+from pdwarden.constants import API_VERSION, KIND
+
 PODS_PER_DEPLOYMENT: Final = 25
 PREFILL, DECODE = 8, 16
 LWS_GROUPS, LWS_SIZE = 5, 5
@@ -34,8 +36,8 @@ def pddeployment(i: int, namespace: str, mode: str = "Enforce", rev: int = 0) ->
     place = {**SCALE_POD_PLACEMENT}
     env = [{"name": "FLEET_REV", "value": str(rev)}]
     return {
-        "apiVersion": "pdwarden.dev/v1alpha1",
-        "kind": "PDDeployment",
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": f"pd-{i:03d}", "namespace": namespace},
         "spec": {
             "engine": "pdworker",

@@ -9,7 +9,7 @@ SGLang cannot run here (no GPU), so `SglangPlayer` plays SGLang's series instead
 starts from a fixture that tests/remediation/data/make_sglang_fixtures.py wrote with
 prometheus-client in multiprocess mode and sglang 0.5.23's names, HELP text and labels (two DP
 ranks, priority scheduling), and only the numbers change over time, following what the source
-says moves when (see `pdwarden.remediation.scrape.engines`). The engine is simulated; the
+says moves when (see `pdwarden.engines`). The engine is simulated; the
 format is not.
 Loopback only: every address bound is in 127.0.0.0/8.
 """

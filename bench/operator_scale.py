@@ -32,10 +32,10 @@ from typing import Any
 from bench import common, harness
 from bench._metrics_sim import pod_ip, role_of
 from pdwarden.api import RemediationSpec
+from pdwarden.remediation.decide import PodState, plan
 from pdwarden.remediation.detect.evidence import PodView
 from pdwarden.remediation.detect.rules import detect
-from pdwarden.remediation.policy.plan import DecodePod, plan
-from pdwarden.remediation.scrape.client import WorkerClient
+from pdwarden.remediation.scrape.worker_client import WorkerClient
 from pdwarden.values import Sample, Target
 
 INTERVAL = 5.0
@@ -76,7 +76,7 @@ class Cycle:
             views.append(PodView(name=t.pod, role=t.role, uid=t.uid, history=tuple(h),
                                  rooms=r.rooms, stale=r.sample is None, error=r.error))  # fmt: skip
             if t.role == "decode":
-                decodes.append(DecodePod(t.pod, t.uid, ready=r.sample is not None))
+                decodes.append(PodState(t.pod, t.uid, ready=r.sample is not None))
         detection = detect(views, self.spec.wedge_after_seconds)
         plan(self.spec, detection, decodes, [], datetime.now(UTC), decode_replicas=len(decodes))
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import common, harness
+from pdworker import contract as pdw
 
 KV = {"small": 64, "large": 2048}  # prompt tokens; 2 KiB of KV per token with these flags
 FLAGS = [
@@ -27,7 +28,7 @@ FLAGS = [
     "--kv-pages", "8192", "--device", "cpu",
 ]  # fmt: skip
 TOKEN_BYTES = 2 * 2 * 4 * 32 * 4
-HIST = "pdworker_kv_transfer_seconds"
+HIST = pdw.KV_TRANSFER_SECONDS
 
 
 def _hist(url: str) -> tuple[float, float]:
@@ -98,7 +99,7 @@ def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
         "wall_seconds": round(time.monotonic() - started, 1),
         "notes": [
             "no per-phase histograms for the handshake or decode exist in pdworker; the breakdown "
-            "uses the two views of pdworker_kv_transfer_seconds (prefill: wire time) and the "
+            f"uses the two views of {HIST} (prefill: wire time) and the "
             "remainder",
         ],
     }
