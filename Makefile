@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CLUSTER_DIR := .cluster
 
-.PHONY: help venv lint types imports test test-gpu cluster-bin lws-bin vllm-venv cluster-up cluster-down demo bench \
+.PHONY: help venv lint types imports test test-gpu cluster-bin lws-bin prometheus-bin vllm-venv cluster-up cluster-down demo bench \
 	bench-gpu bench-fleet crd manifests images
 
 help:  ## list targets
@@ -38,11 +38,14 @@ cluster-bin:  ## build (or reuse) the Go control-plane binaries in ~/.cache/pdwa
 lws-bin: cluster-bin  ## build (or reuse) LeaderWorkerSet's controller (the LWS policy scenarios) in ~/.cache/pdwarden
 	@e2e/cluster/build-lws.sh >/dev/null
 
+prometheus-bin:  ## build (or reuse) Prometheus's promtool and server (the chart's alert tests) in ~/.cache/pdwarden
+	@e2e/cluster/build-prometheus.sh >/dev/null
+
 vllm-venv:  ## build (or reuse) stock vLLM for CPU + NIXL (the vLLM tier) in ~/.cache/pdwarden
 	@e2e/vllm/build.sh >/dev/null
 
-test: lint types imports cluster-bin lws-bin vllm-venv  ## lint, types, import contracts and the whole pytest suite
-	$(BIN)/python -m pytest
+test: lint types imports cluster-bin lws-bin prometheus-bin vllm-venv  ## lint, types, import contracts and the whole pytest suite
+	$(BIN)/python -m pytest --durations=25  # the slowest tests in every CI log: where the time goes
 
 cluster-up: $(STAMP) cluster-bin  ## start the local control plane and kubelet; kubeconfig in .cluster/kubeconfig
 	$(BIN)/python -m e2e.cluster up
