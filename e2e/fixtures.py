@@ -78,8 +78,16 @@ class Cluster:
             )
         return out
 
-    def wait_until(self, what: str, check: Callable[[], T], timeout: float = 60) -> T:
-        """Poll `check()` until it returns something truthy (returned) or fail the test."""
+    def wait_until(
+        self,
+        what: str,
+        check: Callable[[], T],
+        timeout: float = 60,
+        explain: Callable[[], object] | None = None,
+    ) -> T:
+        """Poll `check()` until it returns something truthy (returned) or fail the test; the
+        failure shows `explain()` too (what the operator thought), so a rare timeout in CI says
+        why without a rerun."""
         deadline = time.monotonic() + timeout
         last: T | None = None
         while time.monotonic() < deadline:
@@ -87,7 +95,8 @@ class Cluster:
             if last:
                 return last
             time.sleep(0.3)
-        raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+        why = f"; {explain()!r}" if explain is not None else ""
+        raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r}){why}")
 
 
 @pytest.fixture(scope="session")

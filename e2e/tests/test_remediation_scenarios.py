@@ -90,6 +90,33 @@ def stall(cluster: Cluster, ns: str, pod: dict[str, Any]) -> None:
     assert code == 200, body
 
 
+def held_by(pod: dict[str, Any]) -> float:
+    """Requests `pod` (a decode) holds now: waiting for pages, for KV, or decoding."""
+    m = scrape(f"http://{pod['status']['podIP']}:{WORKER_PORT}/metrics")
+    queues = (pdw.DECODE_PREALLOC_QUEUE, pdw.DECODE_TRANSFER_QUEUE, pdw.DECODE_RUNNING)
+    return sum(m.get(q, 0.0) for q in queues)
+
+
+def load_until_held(
+    cluster: Cluster, ns: str, victim: dict[str, Any], *args: str, rounds: int = 4
+) -> dict[str, Any]:
+    """Run `load` until the stalled `victim` holds requests, and return the last summary. The
+    router finds decode pods by listing them every 2 s: right after the pods turn Ready
+    it may know only the other one, and a quick load then never reaches the victim (seen in CI:
+    no wedge, so no decision, and a timeout that said nothing about why)."""
+    for _ in range(rounds):
+        summary = load(router_url(cluster, ns), *args)
+        if held_by(victim) > 0:
+            return summary
+    raise AssertionError(f"{rounds} loads and {victim['metadata']['name']} holds no request")
+
+
+def remediation_of(cluster: Cluster, ns: str) -> dict[str, Any]:
+    """What the operator thought, for a failure message: conditions and the ledger."""
+    st = status(cluster, ns)
+    return {"conditions": st.get("conditions"), "remediation": st.get("remediation")}
+
+
 def decode_stall_deployment(**remediation: Any) -> dict[str, Any]:
     return cpu_example(
         decode={"replicas": 2, "env": env("decode-stall")},
@@ -158,7 +185,9 @@ def test_stalled_decode_is_cordoned_restarted_and_uncordoned(
     victim, healthy = pods(cluster, ns, "decode")
     stall(cluster, ns, victim)
     # Work reaches the stalled pod (the router picks decode pods at random) and sticks there.
-    summary = load(router_url(cluster, ns), "--clients", "4", "--requests", "24", "--timeout", "8")
+    summary = load_until_held(
+        cluster, ns, victim, "--clients", "4", "--requests", "24", "--timeout", "8"
+    )
     assert summary["completed"] > 0
 
     def cordoned() -> Any:
@@ -205,11 +234,12 @@ def test_dry_run_decides_and_records_but_changes_nothing(
     wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"})
     victim, _ = pods(cluster, ns, "decode")
     stall(cluster, ns, victim)
-    load(router_url(cluster, ns), "--clients", "4", "--requests", "16", "--timeout", "6")
+    load_until_held(cluster, ns, victim, "--clients", "4", "--requests", "16", "--timeout", "6")
     cluster.wait_until(
         "a dry-run restart decision",
         lambda: any(e["dryRun"] for e in actions(cluster, ns, "RestartDecode")),
         WEDGE_AFTER + RESTART_AFTER + 20,
+        explain=lambda: remediation_of(cluster, ns),
     )
     pod = get_json(cluster, ns, "pod", victim["metadata"]["name"])
     assert pod["metadata"]["uid"] == victim["metadata"]["uid"]  # not restarted
@@ -327,7 +357,7 @@ def test_operator_restart_mid_ladder_neither_repeats_nor_skips(
     wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"})
     victim, _ = pods(cluster, ns, "decode")
     stall(cluster, ns, victim)
-    load(router_url(cluster, ns), "--clients", "4", "--requests", "16", "--timeout", "4")
+    load_until_held(cluster, ns, victim, "--clients", "4", "--requests", "16", "--timeout", "4")
     cluster.wait_until("the cordon", lambda: actions(cluster, ns, "CordonDecode"), 30)
     first.kill(signal.SIGKILL)
     second = OperatorProcess(cluster, [ns], tmp_path / "op2.log").start()
