@@ -25,6 +25,7 @@ from pdworker.config import DEFAULT_COMPUTE_THREADS, ModelConfig, WorkerConfig
 from pdworker.flag_table import FLAGS
 from pdworker.flags import Env
 from pdworker.load import LoadConfig
+from pdworker.secret_file import Secret
 
 GOLDEN = Path(__file__).parent / "cli_golden"
 WRITE = os.environ.get("PDWORKER_WRITE_GOLDEN") == "1"
@@ -69,6 +70,8 @@ def _host_values(text: str) -> str:
 
 
 def _plain(obj: Any) -> Any:
+    if isinstance(obj, Secret):
+        return obj.current()
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return _plain(dataclasses.asdict(obj))
     if isinstance(obj, list | tuple):

@@ -1,13 +1,14 @@
 """Prefill's bootstrap server: the HTTP endpoints decode uses for the handshake.
 
-A thin HTTP layer over public `PrefillWorker` methods. What it adds is the trust boundary:
-every POST carries the deployment's bootstrap key (`Authorization: Bearer`, compared in constant
-time; no key configured means every POST is refused), every body is read under its endpoint's
-cap and checked completely (`handshake`) before the worker does anything with it, and a peer is
-bound to the TCP address it registered from, so only that address may use its agent name.
-`GET /bootstrap/info?nonce=N` proves to decode that this endpoint holds the key, bound to the
-address the question reached. Client errors are 4xx with a reason; a bug here is a 500 that is
-logged, never dressed up as a client error.
+A thin HTTP layer over public `PrefillWorker` methods. What it adds is the trust boundary: every
+POST carries the deployment's bootstrap key (`Authorization: Bearer`, compared in constant time; no
+key configured means every POST is refused), every body is read under its endpoint's cap and
+checked completely (`handshake`) before the worker does anything with it, and a peer is bound to
+the TCP address it registered from, so only that address may use its agent name. `GET
+/bootstrap/info?nonce=N` proves to decode that this endpoint holds the key, bound to the address
+the question reached. The key file is read again when it is rotated (`secret_file`): the key it
+replaced is accepted, and proven, for the grace that module states. Client errors are 4xx with a
+reason; a bug here is a 500 that is logged, never dressed up as a client error.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from aiohttp import web
 from pdworker import handshake as hs
 from pdworker import limits
 from pdworker.handshake import (
+    AUTH_SCHEME,
     Refused,
-    bearer_ok,
     format_address,
     info_proof,
     parse_agent,
@@ -31,7 +32,15 @@ from pdworker.handshake import (
     parse_peer,
 )
 from pdworker.prefill import PrefillWorker
-from pdworker.server import BadRequest, client_error, error, parse_room, read_json
+from pdworker.secret_file import Secret
+from pdworker.server import (
+    BadRequest,
+    client_error,
+    error,
+    parse_room,
+    presented_token,
+    read_json,
+)
 
 log = logging.getLogger(__name__)
 Handler = Callable[[dict[str, Any], str], Awaitable[web.StreamResponse]]
@@ -44,9 +53,9 @@ def caller_ip(request: web.Request) -> str:
 
 
 class BootstrapServer:
-    def __init__(self, worker: PrefillWorker, token: str | None) -> None:
+    def __init__(self, worker: PrefillWorker, token: Secret | str | None) -> None:
         self.w = worker
-        self.token = token
+        self.token = Secret.of(token, "bootstrap")
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=limits.BOOTSTRAP_ROOM_BODY_BYTES)
@@ -60,15 +69,16 @@ class BootstrapServer:
         ]
         for path, handler, cap in routes:
             app.router.add_post(path, self._guard(handler, cap))
-        if self.token is None:
+        if self.token.current() is None:
             log.warning("no bootstrap token configured: the bootstrap server refuses every peer")
         return app
 
     def _guard(self, handler: Handler, max_bytes: int) -> Callable[[web.Request], Any]:
         async def guarded(request: web.Request) -> web.StreamResponse:
-            if self.token is None:
+            if not self.token.accepted():
                 return error(403, "bootstrap disabled: no bootstrap token configured")
-            if not bearer_ok(request.headers.get("Authorization", ""), self.token):
+            header = request.headers.get("Authorization", "")
+            if self.token.matching(presented_token(header, AUTH_SCHEME)) is None:
                 return error(401, "missing or wrong bootstrap token")
             try:
                 body = await read_json(request, max_bytes)
@@ -95,9 +105,13 @@ class BootstrapServer:
         }
         nonce = request.query.get("nonce", "")
         sock = request.transport.get_extra_info("sockname") if request.transport else None
-        if self.token is not None and 0 < len(nonce) <= MAX_NONCE_CHARS and sock:
+        keys = self.token.accepted()
+        if keys and 0 < len(nonce) <= MAX_NONCE_CHARS and sock:
+            # A proof under each key accepted (the current one first): a decode that has not
+            # seen a rotated key yet still recognises this prefill.
             reached = format_address(parse_ip(str(sock[0])), int(sock[1]))
-            answer["proof"] = info_proof(self.token, nonce, reached)
+            answer["proof"] = info_proof(keys[0], nonce, reached)
+            answer["proofs"] = [info_proof(k, nonce, reached) for k in keys]
         return web.json_response(answer)
 
     async def _register_peer(self, body: dict[str, Any], ip: str) -> web.Response:

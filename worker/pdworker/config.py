@@ -15,6 +15,7 @@ from typing import Any
 from pdworker import contract as c
 from pdworker.faults import Faults
 from pdworker.limits import DEFAULT_MAX_ROOMS, MAX_PROMPT_TOKENS
+from pdworker.secret_file import DEFAULT_GRACE_S, Secret
 from pdworker.server import BadRequest
 
 MAX_TOKEN_ID = 2**31
@@ -85,8 +86,10 @@ class WorkerConfig:
     decode_token_ms: float = 0.0
     max_running: int = 128
     poll_interval: float = 0.005
-    admin_token: str | None = None
-    bootstrap_token: str | None = None  # the deployment's handshake key (both roles)
+    # Token files, read again when the kubelet rewrites them (a plain string: a fixed value).
+    admin_token: Secret = field(default_factory=Secret)
+    bootstrap_token: Secret = field(default_factory=Secret)  # the handshake key (both roles)
+    secret_grace: float = DEFAULT_GRACE_S  # a replaced token stays accepted this long
     prefill_allow: tuple[str, ...] = ()  # decode: bootstrap endpoints (host:port) or networks
     prefill_selector: str = ""  # decode: label selector of its deployment's prefill pods
     namespace: str = "default"  # decode: where those pods are
@@ -95,6 +98,10 @@ class WorkerConfig:
     incarnation: str = ""
 
     def __post_init__(self) -> None:
+        self.admin_token = Secret.of(self.admin_token, "admin")
+        self.bootstrap_token = Secret.of(self.bootstrap_token, "bootstrap")
+        for secret in (self.admin_token, self.bootstrap_token):
+            secret.grace_s = self.secret_grace
         if not self.incarnation:
             pod = self.pod.replace("_", "-") or "pod"
             self.incarnation = f"{self.role}-{pod}-{uuid.uuid4().hex[:12]}"

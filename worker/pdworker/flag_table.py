@@ -17,6 +17,7 @@ from pdworker import contract as c
 from pdworker.config import DEFAULT_CHUNK_BYTES, DEFAULT_COMPUTE_THREADS
 from pdworker.flags import Command, Env, Flag
 from pdworker.limits import DEFAULT_MAX_ROOMS
+from pdworker.secret_file import DEFAULT_GRACE_S
 
 DESCRIPTION = "Reference prefill/decode KV-transfer worker (torch + NIXL)."
 EPILOG = (
@@ -64,10 +65,10 @@ def byte_size(text: str) -> int:
 
 # -- converts: the flag's parsed value -> the config's (imports are lazy: `load` stays light) --
 def _token(what: str) -> Any:
-    def read(path: str) -> str | None:
-        from pdworker.server import load_token
+    def read(path: str) -> Any:
+        from pdworker.secret_file import Secret
 
-        return load_token(path, what)
+        return Secret(path, what=what)
 
     return read
 
@@ -197,6 +198,10 @@ FLAGS: tuple[Flag, ...] = (
          "decode of one deployment; without it prefill refuses every decode and decode cannot "
          f"register (default: ${c.BOOTSTRAP_TOKEN_FILE_ENV})", WORKERS, "bootstrap_token", OPS,
          convert=_token("bootstrap")),
+    Flag("--secret-grace", float, DEFAULT_GRACE_S,
+         "seconds a token or key replaced in its file (a rotated Secret) stays accepted after "
+         f"this worker read the new one (default: {DEFAULT_GRACE_S:g})", WORKERS, "secret_grace",
+         OPS),
     Flag("--max-rooms", int, DEFAULT_MAX_ROOMS,
          f"rooms held at once; more requests get 429 (default: {DEFAULT_MAX_ROOMS})", WORKERS,
          "max_rooms", OPS, convert=_at_least_one("--max-rooms")),

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdworker import limits
-from pdworker.server import BadRequest, presented_token
+from pdworker.server import BadRequest
 
 # NIXL's serialized agent metadata starts with this tag, then the agent name as a u64-length
 # string (NIXL 0.x serdes.cpp, as `nixl_agent.get_agent_metadata()` returns it).
@@ -182,14 +182,6 @@ def parse_pages(value: Any, limit: int) -> list[int]:
 
 
 # -- the key ------------------------------------------------------------------------------
-def bearer_ok(header: str, token: str | None) -> bool:
-    """Whether the header carries `token` (constant time); a header that is not UTF-8 does not."""
-    presented = presented_token(header, AUTH_SCHEME)
-    if token is None or presented is None:
-        return False
-    return hmac.compare_digest(presented, token.encode())
-
-
 def info_proof(token: str, nonce: str, address: str) -> str:
     """What a prefill answers to prove it holds the deployment's key, bound to the address the
     question reached (so a stranger cannot relay a real prefill's answer as its own)."""

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -27,6 +25,7 @@ from aiohttp import web
 from pdworker import contract as c
 from pdworker import limits
 from pdworker.listen import connection_cap, raise_open_files_limit, start_guarded
+from pdworker.secret_file import Secret
 
 log = logging.getLogger(__name__)
 MAX_ROOMS_PER_CALL = limits.MAX_ROOMS_PER_CALL
@@ -119,17 +118,6 @@ def parse_fail_body(body: Any) -> FailSelector:
     if not isinstance(value, str) or not value:
         raise BadRequest("peer_incarnation must be a non-empty string")
     return FailSelector(peer_incarnation=value)
-
-
-def load_token(path: str | None, what: str = "admin") -> str | None:
-    if not path:
-        return None
-    try:
-        token = Path(path).read_text().strip()
-    except OSError as exc:
-        log.warning("%s token file %s unreadable (%s): %s calls are refused", what, path, exc, what)
-        return None
-    return token or None
 
 
 async def wait_until(cond: Callable[[], bool], seconds: float, interval: float = 0.01) -> bool:
@@ -225,13 +213,15 @@ def presented_token(header: str, scheme: str = "Bearer ") -> bytes | None:
 
 
 def admin_guard(
-    token: str | None,
+    token: Secret | str | None,
 ) -> Callable[[Callable[[web.Request], Awaitable[web.StreamResponse]]], Any]:
+    secret = Secret.of(token, "admin")
+
     def wrap(
         handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
     ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def guarded(request: web.Request) -> web.StreamResponse:
-            if token is None:
+            if not secret.accepted():
                 return error(
                     403,
                     "admin API disabled: no admin token configured "
@@ -242,7 +232,7 @@ def admin_guard(
                 return error(
                     401, "missing or malformed bearer token (Authorization: Bearer <token>)"
                 )
-            if not hmac.compare_digest(presented, token.encode()):
+            if secret.matching(presented) is None:
                 return error(403, "wrong admin token")
             try:
                 return await handler(request)
@@ -259,7 +249,7 @@ def worker_app(
     render_metrics: Callable[[], bytes],
     ready: Callable[[], bool],
     admin: AdminTarget,
-    token: str | None,
+    token: Secret | str | None,
     extra_admin: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] | None = None,
 ) -> web.Application:
     # Each handler reads its own body under its own cap (read_json); this is the ceiling.

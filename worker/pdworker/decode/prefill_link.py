@@ -6,14 +6,15 @@ heart-beats every known prefill: repeated failures, a new prefill incarnation, o
 no longer knows this decode all count as losing the peer, and its rooms fail at once instead of
 waiting out a timeout.
 
-Trust: decode talks only to bootstrap endpoints given as IP literals (nothing is resolved),
-allowed before any connection is made (allow.py), and that prove they hold this deployment's
-bootstrap key (`GET /bootstrap/info?nonce=`, answered with an HMAC bound to the address asked)
-before decode sends its key, its NIXL metadata or the address of its KV pool. Redirects are not
-followed, answers are read under a cap, connections leave from this pod's own address (the
-prefill binds a peer to it), and at most MAX_PREFILL_LINKS links are kept (least recently used
-idle ones are dropped). What goes wrong on a link is logged here, with the details; the room and
-the client hear a fixed sentence per kind of failure (`PeerError`), never an exception's text.
+Trust: decode talks only to bootstrap endpoints given as IP literals (nothing is resolved), allowed
+before any connection is made (allow.py), and that prove they hold this deployment's bootstrap key
+(`GET /bootstrap/info?nonce=`, answered with an HMAC bound to the address asked) before decode
+sends its key (during a key rotation either key counts, `secret_file`), its NIXL metadata or the
+address of its KV pool. Redirects are not followed, answers are read under a cap, connections leave
+from this pod's own address (the prefill binds a peer to it), and at most MAX_PREFILL_LINKS links
+are kept (least recently used idle ones are dropped). What goes wrong on a link is logged here,
+with the details; the room and the client hear a fixed sentence per kind of failure (`PeerError`),
+never an exception's text.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from pdworker.server import BadRequest
 from pdworker.transfer import Transport
 
 log = logging.getLogger(__name__)
+MAX_PROOFS = 4  # proofs read from one info answer (a prefill in a key rotation sends two)
 
 
 class PeerError(Exception):
@@ -141,15 +143,24 @@ class PrefillLinks:
     async def post(
         self, address: str, path: str, body: dict[str, Any], limit_s: float
     ) -> tuple[int, Any]:
-        assert self.session is not None and self.cfg.bootstrap_token is not None
-        async with self.session.post(
-            f"http://{address}{path}",
-            json=body,
-            headers={"Authorization": AUTH_SCHEME + self.cfg.bootstrap_token},
-            timeout=aiohttp.ClientTimeout(total=limit_s),
-            allow_redirects=False,
-        ) as resp:
-            return resp.status, await _read_json(resp)
+        """POST under the bootstrap key: the current one, and after a 401 the one a rotation
+        replaced while it is accepted (that prefill has not read the new key yet)."""
+        assert self.session is not None
+        keys = self.cfg.bootstrap_token.accepted()
+        if not keys:
+            raise PeerError("transfer_error", "refused", "decode has no bootstrap token")
+        for i, key in enumerate(keys):
+            async with self.session.post(
+                f"http://{address}{path}",
+                json=body,
+                headers={"Authorization": AUTH_SCHEME + key},
+                timeout=aiohttp.ClientTimeout(total=limit_s),
+                allow_redirects=False,
+            ) as resp:
+                if resp.status == 401 and i + 1 < len(keys):
+                    continue
+                return resp.status, await _read_json(resp)
+        raise AssertionError("unreachable: the last key's answer is returned")
 
     async def ensure(self, address: str) -> PrefillLink:
         self.admit(address)
@@ -167,8 +178,8 @@ class PrefillLinks:
             if link.registered:
                 return link
             assert self.session is not None
-            token = self.cfg.bootstrap_token
-            if token is None:
+            keys = self.cfg.bootstrap_token.accepted()
+            if not keys:
                 raise PeerError("transfer_error", "refused", "decode has no bootstrap token")
             nonce = secrets.token_hex(16)
             try:
@@ -182,12 +193,7 @@ class PrefillLinks:
                     ) as resp,
                 ):
                     info = await _read_json(resp)
-                proof = info.get("proof")
-                if (
-                    resp.status != 200
-                    or not isinstance(proof, str)
-                    or not hmac.compare_digest(proof, info_proof(token, nonce, address))
-                ):
+                if resp.status != 200 or not _proven(info, keys, nonce, address):
                     log.warning("bootstrap endpoint %s gave no proof of the key", address)
                     raise PeerError(
                         "transfer_error",
@@ -293,6 +299,20 @@ class PrefillLinks:
             self.lost(link, "prefill restarted (new incarnation)")
         elif not data.get("known"):
             self.lost(link, "prefill dropped this decode")
+
+
+def _proven(info: dict[str, Any], keys: tuple[str, ...], nonce: str, address: str) -> bool:
+    """Whether `info` proves a key this decode accepts (a prefill answers one proof per key it
+    accepts, at most MAX_PROOFS looked at: a rotation leaves two)."""
+    proofs = info.get("proofs")
+    if not isinstance(proofs, list):
+        proofs = [info.get("proof")]
+    expected = [info_proof(k, nonce, address) for k in keys]
+    return any(
+        isinstance(p, str) and hmac.compare_digest(p, e)
+        for p in proofs[:MAX_PROOFS]
+        for e in expected
+    )
 
 
 async def _read_json(resp: aiohttp.ClientResponse) -> dict[str, Any]:

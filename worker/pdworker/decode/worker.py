@@ -162,7 +162,7 @@ class DecodeWorker:
             return error(exc.status, exc.message, reason="aborted")
         if self.stopping:
             return error(503, "decode is shutting down", reason="aborted")
-        if self.cfg.bootstrap_token is None:
+        if self.cfg.bootstrap_token.current() is None:
             return error(503, "decode has no bootstrap token configured", reason="aborted")
         if len(self.table) >= self.cfg.max_rooms:
             return error(429, f"decode holds {self.cfg.max_rooms} rooms; retry later")
