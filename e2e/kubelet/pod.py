@@ -134,7 +134,7 @@ class PodWorker:
         if not self.prepared:
             await self._prepare()
         elif time.time() >= self.volumes.refresh_at:
-            await self.volumes.materialise(self.ctx.api)  # token rotation
+            await self.volumes.refresh(self.ctx.api)  # tokens, rotated Secrets
         if self.prepared and not self.terminal:
             initialized = await self._run_init()
             if initialized:

@@ -5,6 +5,11 @@ Why: a process cannot mount anything, so each volume becomes a directory under
 Supported: secret, configMap, emptyDir, downwardAPI, projected (serviceAccountToken via the
 TokenRequest API bound to the pod, configMap, secret, downwardAPI) and hostPath (the real host
 path). Anything else becomes an empty directory with a warning.
+
+Secret and ConfigMap contents are read again every SYNC_SECONDS while the pod lives, as a real
+kubelet refreshes such volumes (not subPath mounts): a rotated Secret reaches a running
+container, a file whose content is unchanged is left alone, and a Secret that is gone for a
+moment (deleted to be recreated) leaves the last content in place.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ from .apiclient import Api, ApiError
 log = logging.getLogger("kubelet.volumes")
 
 TOKEN_SECONDS = 3607
+# A real kubelet refreshes within about a minute plus its cache's TTL; shorter here, so a test
+# sees a rotated Secret in seconds.
+SYNC_SECONDS = 5.0
 
 
 class ConfigError(Exception):
@@ -28,8 +36,14 @@ class ConfigError(Exception):
 
 
 def write_file(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Atomic write so a reader never sees half a token or config."""
+    """Atomic write so a reader never sees half a token or config; unchanged content is left
+    as it is (a reader watching the file sees a change only when there is one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if path.read_bytes() == data:
+            return
+    except OSError:
+        pass
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(data)
     os.chmod(tmp, mode)
@@ -106,6 +120,16 @@ async def request_token(
     return resp["status"]["token"], time.time() + 0.8 * seconds
 
 
+def _keyed(vol: dict[str, Any]) -> bool:
+    """Whether a volume holds a Secret's or a ConfigMap's content (refreshed while it lives)."""
+    sources = (vol.get("projected") or {}).get("sources") or []
+    return (
+        "secret" in vol
+        or "configMap" in vol
+        or any("secret" in src or "configMap" in src for src in sources)
+    )
+
+
 def _items(data: dict[str, bytes], items: list[dict[str, Any]] | None) -> dict[str, bytes]:
     if not items:
         return data
@@ -126,6 +150,9 @@ class VolumeSet:
         self.host_paths: dict[str, str] = {}
         self.refresh_at = float("inf")
         self.pod = pod
+        # Bound ServiceAccount tokens by volume/path, with when each is due: a refresh for a
+        # Secret's sake asks for a new token only when the old one is due.
+        self.tokens: dict[str, tuple[bytes, float]] = {}
 
     async def materialise(self, api: Api) -> None:
         self.refresh_at = float("inf")
@@ -148,11 +175,24 @@ class VolumeSet:
             elif "downwardAPI" in vol:
                 files = self._downward(vol["downwardAPI"].get("items") or [])
             elif "projected" in vol:
-                files = await self._projected(api, ns, vol["projected"].get("sources") or [])
+                sources = vol["projected"].get("sources") or []
+                files = await self._projected(api, ns, name, sources)
             elif "emptyDir" not in vol:
                 log.warning("volume %s: unsupported type, using an empty directory", name)
             for rel, content in files.items():
                 write_file(d / rel, content, 0o600 if "secret" in vol else 0o644)
+            if _keyed(vol):
+                self.refresh_at = min(self.refresh_at, time.time() + SYNC_SECONDS)
+
+    async def refresh(self, api: Api) -> None:
+        """`materialise` again when due (tokens, Secrets, ConfigMaps); what cannot be read now
+        keeps its last content and is tried again later, as a real kubelet does."""
+        try:
+            await self.materialise(api)
+        except (ConfigError, ApiError, OSError) as e:
+            log.warning("pod %s: volumes not refreshed (%s); kept as they were",
+                        self.pod["metadata"].get("name"), e)  # fmt: skip
+            self.refresh_at = time.time() + SYNC_SECONDS
 
     def _downward(self, items: list[dict[str, Any]]) -> dict[str, bytes]:
         out = {}
@@ -162,23 +202,27 @@ class VolumeSet:
         return out
 
     async def _projected(
-        self, api: Api, ns: str, sources: list[dict[str, Any]]
+        self, api: Api, ns: str, volume: str, sources: list[dict[str, Any]]
     ) -> dict[str, bytes]:
         out: dict[str, bytes] = {}
         for src in sources:
             if "serviceAccountToken" in src:
                 t = src["serviceAccountToken"]
-                try:
-                    token, refresh = await request_token(
-                        api,
-                        self.pod,
-                        t.get("audience"),
-                        int(t.get("expirationSeconds") or TOKEN_SECONDS),
-                    )
-                except ApiError as e:
-                    raise ConfigError(f"TokenRequest failed: {e}") from e
-                self.refresh_at = min(self.refresh_at, refresh)
-                out[t.get("path") or "token"] = token.encode()
+                path = t.get("path") or "token"
+                held = self.tokens.get(f"{volume}/{path}")
+                if held is None or time.time() >= held[1]:
+                    try:
+                        token, refresh = await request_token(
+                            api,
+                            self.pod,
+                            t.get("audience"),
+                            int(t.get("expirationSeconds") or TOKEN_SECONDS),
+                        )
+                    except ApiError as e:
+                        raise ConfigError(f"TokenRequest failed: {e}") from e
+                    held = self.tokens[f"{volume}/{path}"] = (token.encode(), refresh)
+                self.refresh_at = min(self.refresh_at, held[1])
+                out[path] = held[0]
             elif "configMap" in src or "secret" in src:
                 kind = "Secret" if "secret" in src else "ConfigMap"
                 s = src["secret"] if kind == "Secret" else src["configMap"]

@@ -1,9 +1,12 @@
-"""Pure parts of the local kubelet: expansion, paths, pod IPs, images, status, probes."""
+"""Pure parts of the local kubelet: expansion, paths, pod IPs, images, status, probes, volumes."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import ipaddress
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +16,7 @@ from e2e.kubelet import images, podips
 from e2e.kubelet.expand import expand, substitute_paths
 from e2e.kubelet.probes import ProbeSpec, ProbeState
 from e2e.kubelet.status import ContainerView, conditions, phase
-from e2e.kubelet.volumes import field_value
+from e2e.kubelet.volumes import SYNC_SECONDS, VolumeSet, field_value
 
 from pdwarden.constants import CONDITION_SERVING
 
@@ -205,3 +208,43 @@ def test_a_replacement_is_never_rewritten_by_a_shorter_mount_path() -> None:
     }
     assert substitute_paths("/var/run/admin/token", mounts) == "/tmp/state/pod/volumes/admin/token"
     assert substitute_paths("/tmp/x", mounts) == "/tmp/state/pod/volumes/tmp/x"
+
+
+class SecretsApi:
+    """The one call VolumeSet makes for a Secret volume, over a dict (None: the Secret is gone)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, str] | None = {"token": "first"}
+        self.gets = 0
+
+    async def get_or_none(self, path: str) -> Any:
+        self.gets += 1
+        assert path == "/api/v1/namespaces/ns/secrets/pd-admin", path
+        if self.data is None:
+            return None
+        return {"data": {k: base64.b64encode(v.encode()).decode() for k, v in self.data.items()}}
+
+
+def test_a_secret_volume_follows_its_secret_and_keeps_its_content_while_it_is_gone(
+    tmp_path: Path,
+) -> None:
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns"},
+        "spec": {"volumes": [{"name": "admin", "secret": {"secretName": "pd-admin"}}]},
+    }
+    api, volumes = SecretsApi(), VolumeSet(pod, tmp_path)
+    token = tmp_path / "admin" / "token"
+    asyncio.run(volumes.materialise(api))  # type: ignore[arg-type]
+    assert token.read_text() == "first"
+    assert volumes.refresh_at <= time.time() + SYNC_SECONDS  # refreshed while the pod lives
+    inode = token.stat().st_ino
+    asyncio.run(volumes.refresh(api))  # type: ignore[arg-type]
+    assert token.stat().st_ino == inode  # unchanged content is not rewritten
+    api.data = {"token": "second"}
+    asyncio.run(volumes.refresh(api))  # type: ignore[arg-type]
+    assert token.read_text() == "second" and token.stat().st_ino != inode  # swapped in whole
+    api.data = None  # deleted, to be recreated
+    asyncio.run(volumes.refresh(api))  # type: ignore[arg-type]
+    assert token.read_text() == "second"
+    assert volumes.refresh_at <= time.time() + SYNC_SECONDS  # tried again later
+    assert api.gets == 4
