@@ -38,12 +38,13 @@ from pdwarden.reconciling.resync import ResyncGate
 from pdwarden.remediation.act.worker_admin import WorkerAdmin
 from pdwarden.remediation.scrape.worker_client import DEFAULT_MAX_BODY, WorkerClient
 from pdwarden.sharding import Shard, owned_by
+from pdwarden.tokens import TokenKey
 
 
 @dataclass(frozen=True)
 class RunConfig:
     resync_seconds: float = 5.0
-    token_key: bytes | None = None
+    token_key: TokenKey | None = None  # read again when its file changes
     global_dry_run: bool = False
     peering_lifetime: int = 60
     max_metrics_bytes: int = DEFAULT_MAX_BODY
@@ -90,7 +91,8 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
             memo.watches = Watches(client.api, cache)
             memo.watches.start(asyncio.get_running_loop())
             kube = CachedKube(client, cache)
-        memo.gate = ResyncGate(cache, spacing=config.resync_seconds)
+        rotating = config.token_key.rotated_lately if config.token_key else None
+        memo.gate = ResyncGate(cache, spacing=config.resync_seconds, rotating=rotating)
         workers, admin = WorkerClient(max_body=config.max_metrics_bytes), WorkerAdmin()
         memo.state = handlers.OperatorState(
             client=kube,

@@ -24,7 +24,7 @@ from pdwarden.main import RunConfig, build_registry
 from pdwarden.remediation.detect.evidence import Reason
 from pdwarden.remediation.scrape.worker_client import DEFAULT_MAX_BODY, MAX_BODY_LIMIT
 from pdwarden.sharding import Shard, ShardError
-from pdwarden.tokens import TokenKeyError, load_key
+from pdwarden.tokens import TokenKey, TokenKeyError
 
 # Where a pod's ServiceAccount namespace is mounted (the fallback when POD_NAMESPACE is unset).
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.max_metrics_bytes <= MAX_BODY_LIMIT:
         raise SystemExit(f"pdwarden run: --max-metrics-bytes must be 1..{MAX_BODY_LIMIT}")
     try:
-        token_key = load_key(args.token_key_file) if args.token_key_file else None
+        token_key = TokenKey(args.token_key_file) if args.token_key_file else None
         shard = Shard.parse(args.shard) if args.shard is not None else None
     except (TokenKeyError, ShardError) as e:
         raise SystemExit(f"pdwarden run: {e}") from None

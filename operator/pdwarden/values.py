@@ -100,6 +100,9 @@ class ScrapeResult:
     # Why the body was refused, when it was: "too_large" (over the byte cap: the pod is not
     # judged, and the owner object says so) or "" for every other error.
     refused: str = ""
+    # The admin API refused the token (401/403): after a token rotation the worker may not
+    # have read its new one yet, and the cycle asks again with the one it replaced.
+    auth_refused: bool = False
 
 
 @dataclass(frozen=True)

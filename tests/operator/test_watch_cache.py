@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from pdwarden.k8s import selectors
 from pdwarden.k8s.cache import ObjectCache
 from pdwarden.k8s.cached import CachedKube
 from pdwarden.k8s.watching import lines
-from pdwarden.reconciling.resync import ResyncGate
+from pdwarden.reconciling.resync import ROTATION_FULL_EVERY, ResyncGate
 
 
 def pod(
@@ -243,3 +244,16 @@ def test_without_a_cache_every_check_is_due() -> None:
     gate.begin(body)
     gate.finished(body, _Result(rv="5"))  # type: ignore[arg-type]
     assert gate.due(copy.deepcopy(body))
+
+
+def test_after_a_token_key_rotation_the_safety_net_pass_comes_every_minute() -> None:
+    rotated = [False]
+    gate = ResyncGate(ObjectCache(), spacing=5, rotating=lambda: rotated[0])
+    body = deployment(rv="6")
+    gate.begin(body)
+    gate.finished(body, _Result(rv="6"))  # type: ignore[arg-type]
+    done = gate.done["uid-pd"]
+    gate.done["uid-pd"] = dataclasses.replace(done, at=done.at - ROTATION_FULL_EVERY - 1)
+    assert not gate.due(body)  # unchanged inputs, and the 300 s safety net is not due yet
+    rotated[0] = True
+    assert gate.due(body)  # a deleted Secret is recreated within a minute (nothing watches it)

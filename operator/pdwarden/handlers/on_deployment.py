@@ -34,6 +34,7 @@ from pdwarden.remediation.record.ledger import mode_off_status
 from pdwarden.remediation.record.store import DEPLOYMENT, StatusCache, write
 from pdwarden.remediation.scrape.worker_client import WorkerClient
 from pdwarden.remediation.seams import Tools, now_utc
+from pdwarden.tokens import TokenKey
 
 log = logging.getLogger("pdwarden.handlers.on_deployment")
 RETRY_DELAY = 5.0
@@ -45,7 +46,7 @@ class OperatorState:
     and what remediation remembers of each object between cycles."""
 
     client: KubeApi
-    token_key: bytes | None = None
+    token_key: TokenKey | bytes | None = None  # bytes: a fixed key
     global_dry_run: bool = False
     operator_namespace: str | None = None  # where this operator runs (None: outside the cluster)
     workers: WorkerApi = field(default_factory=WorkerClient)
@@ -59,6 +60,7 @@ class OperatorState:
     # daemons stop, nothing more is written for them.
     gone: set[str] = field(default_factory=set)
     statuses: StatusCache[PDDeploymentStatus] = field(init=False)
+    key: TokenKey | None = field(init=False)
     kind: DeploymentKind = field(init=False)
     tools: Tools = field(init=False)
     memory: dict[str, DeploymentMemory] = field(default_factory=dict)
@@ -69,7 +71,8 @@ class OperatorState:
 
     def __post_init__(self) -> None:
         self.statuses = StatusCache(DEPLOYMENT, self.client)
-        self.kind = DeploymentKind(self.client, self.token_key)
+        self.key = TokenKey.of(self.token_key)
+        self.kind = DeploymentKind(self.client, self.key)
         self.tools = tools_for(
             self.client, self.workers, self.admin, self.sglang, self.canary, pair=self.pair
         )
@@ -95,7 +98,8 @@ async def reconcile_now(
                 state.client,
                 body,
                 force_apply=force_apply or first_time,
-                token_key=state.token_key,
+                token_key=state.key.current() if state.key else None,
+                ensure_secrets=state.key.rotated_lately() if state.key else False,
                 previous=previous,
                 operator_namespace=state.operator_namespace,
             )

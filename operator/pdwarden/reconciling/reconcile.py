@@ -84,6 +84,7 @@ class PassContext:
     now: datetime
     token_key: bytes | None = None
     operator_namespace: str | None = None  # the worker NetworkPolicy's operator peer
+    ensure_secrets: bool = False  # the token key was rotated lately: recreate deleted Secrets
 
 
 @dataclass
@@ -192,15 +193,21 @@ async def reconcile(
     previous: Known[PDDeploymentStatus] | None = None,
     *,
     operator_namespace: str | None = None,
+    ensure_secrets: bool = False,
 ) -> PassResult:
-    """Run one pass. Raises TransientError when the API server failed us (retry later)."""
+    """Run one pass. Raises TransientError when the API server failed us (retry later).
+    `ensure_secrets`: create the Secrets if missing on this pass whatever else it does (after
+    a token key rotation their owner deletes them, and running pods do not fail for it)."""
     started = time.monotonic()
     owner = owner_of(body)
     generation = body["metadata"].get("generation")
     if previous is None:
         previous = known_from_body(DEPLOYMENT, body)
     now = datetime.now(UTC).replace(microsecond=0)
-    ctx = PassContext(client, body, owner, generation, previous, now, token_key, operator_namespace)
+    ctx = PassContext(
+        client, body, owner, generation, previous, now, token_key, operator_namespace,
+        ensure_secrets,
+    )  # fmt: skip
     try:
         try:
             spec = parse_spec(body.get("spec") or {})
@@ -223,13 +230,14 @@ async def _reconcile_valid(
     desired = render_deployment(owner, spec, ctx.operator_namespace)
     observed = await observe(client, owner)
     writes = to_apply(desired, observed, everything=everything)
-    secret = everything or pod_problems(observed.pods)
+    secret = everything or ctx.ensure_secrets or pod_problems(observed.pods)
     if (writes or secret) and not force_apply:
         await _still_there(client, owner)
     if secret:
         # With the other non-workload objects (create, update, resume, a spec change, a failing
         # apply), and whenever a pod is failing (a deleted Secret shows as one); not on every
-        # resync, where it cost two requests per deployment, answered 409.
+        # resync, where it cost two requests per deployment, answered 409; on every pass only
+        # for a while after the token key was rotated (`TokenKey.rotated_lately`).
         await _ensure_secret(client, owner, ctx.token_key)
     applied: list[str] = []
     apply_error: str | None = None

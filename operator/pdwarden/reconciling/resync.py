@@ -1,22 +1,22 @@
 """When the level-based resync daemon reconciles a PDDeployment again.
 
 Why: a pass's outcome is a function of its inputs only (the object as kopf sees it, and its
-children as the watch cache holds them; time enters status only as the moment of a transition),
-so a pass over unchanged inputs can do nothing. The daemon used to run one every
-`--resync-seconds` for every deployment anyway: 40 passes/s at 200 deployments, each listing
-from the API server. Now a pass runs when its inputs changed (the cache counts changes per
-deployment and wakes the daemon), at most once per `spacing` seconds so a rollout's stream of
-pod events costs one pass per interval, and unconditionally every `full_every` seconds as a
-safety net. A pass that must be repeated whatever happens (a failed apply being retried, a
-spec not yet observed) is never recorded as done. Without a cache (tests with fakes) every
-check is due and the daemon sleeps `spacing`: the old behaviour.
+children as the watch cache holds them; time enters status only as the moment of a transition), so
+a pass over unchanged inputs can do nothing. The daemon used to run one every `--resync-seconds`
+for every deployment anyway: 40 passes/s at 200 deployments, each listing from the API server. Now
+a pass runs when its inputs changed (the cache counts changes per deployment and wakes the daemon),
+at most once per `spacing` seconds so a rollout's stream of pod events costs one pass per interval,
+and unconditionally every `full_every` seconds as a safety net (every ROTATION_FULL_EVERY for a
+while after a token key rotation). A pass that must be repeated whatever happens (a failed apply
+being retried, a spec not yet observed) is never recorded as done. Without a cache (tests with
+fakes) every check is due and the daemon sleeps `spacing`: the old behaviour.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -25,6 +25,9 @@ from pdwarden.reconciling.plan import apply_everything
 from pdwarden.reconciling.reconcile import PassResult
 
 FULL_EVERY: Final = 300.0
+# While the token key was rotated lately, the safety-net pass comes this often instead: a pass
+# is what recreates the Secrets a rotation has their owner delete, and a deletion is not watched.
+ROTATION_FULL_EVERY: Final = 60.0
 Fingerprint = tuple[str | None, int]
 
 
@@ -47,6 +50,7 @@ class ResyncGate:
     done: dict[str, _Done] = field(default_factory=dict)
     started: dict[str, tuple[float, int]] = field(default_factory=dict)  # uid -> (at, version)
     skipped: int = 0  # checks that found nothing changed (a progress counter)
+    rotating: Callable[[], bool] | None = None  # the token key was rotated lately
 
     def _fingerprint(self, body: Mapping[str, Any]) -> Fingerprint | None:
         if self.cache is None:
@@ -60,7 +64,10 @@ class ResyncGate:
         uid = _ids(body)[0]
         now = time.monotonic()
         fingerprint, done = self._fingerprint(body), self.done.get(uid)
-        if fingerprint is None or done is None or now - done.at > self.full_every:
+        full_every = self.full_every
+        if self.rotating is not None and self.rotating():
+            full_every = min(full_every, ROTATION_FULL_EVERY)
+        if fingerprint is None or done is None or now - done.at > full_every:
             return True
         if fingerprint != done.fingerprint:
             return True

@@ -32,6 +32,7 @@ from pdwarden.api import LedgerEntry, PDDeploymentStatus
 from pdwarden.constants import ANNOTATION_RESET_BREAKER
 from pdwarden.ports import WorkerApi
 from pdwarden.remediation import recovery
+from pdwarden.remediation.act import worker_admin
 from pdwarden.remediation.act.done import Done, skipped
 from pdwarden.remediation.confirmation import confirm, confirm_pairs
 from pdwarden.remediation.decide import Plan, PlannedAction, plan
@@ -178,7 +179,10 @@ async def scrape_all(workers: WorkerApi, seen: Seen) -> dict[str, Observation]:
     async def one(w: WorkerPod) -> Observation:
         try:
             token = seen.token if w.rooms else None  # only a pod with an admin API gets it
-            (res,) = await workers.scrape([seen.targets[w.uid]], token, seen.tenant)
+            target = seen.targets[w.uid]
+            (res,) = await workers.scrape([target], token, seen.tenant)
+            if res.auth_refused and seen.fallback_token:  # it has not read a rotated token yet
+                (res,) = await workers.scrape([target], seen.fallback_token, seen.tenant)
             return observation(w.uid, res.sample, res.rooms, res.error, res.refused)
         except Exception as e:  # contained per pod: the pod is stale this cycle, nothing else
             metrics.ERRORS.labels("scrape").inc()
@@ -290,7 +294,9 @@ async def _dispatch(r: Round[Any, Any, Any], action: PlannedAction) -> Done:
         target = seen.target(action.pod)
         if target is None or not target.rooms:
             return skipped("this engine has no admin API to fail rooms by id", 0)
-        failed = await tools.admin.fail_rooms(target, action.rooms, seen.token)
+        failed = await worker_admin.fail_rooms(
+            tools.admin, target, action.rooms, seen.token, seen.fallback_token
+        )
         failed = max(0, min(int(failed), len(action.rooms)))
         return Done(detail=f"worker failed {failed} of {len(action.rooms)} rooms", rooms=failed)
     if action.kind == "AbortRequests":

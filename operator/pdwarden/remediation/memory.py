@@ -87,6 +87,10 @@ class DeploymentMemory:
     foreign: set[str] = field(default_factory=set)  # look-alike pods already reported
     cycles: int = 0  # cycles run by this process: the first one also reconstructs the ledger
     too_large: set[str] = field(default_factory=set)  # pods whose refused body was announced
+    # The admin token read last and the one it replaced (a rotated Secret): workers that have
+    # not read their new token yet are asked with the old one.
+    admin_token: str | None = None
+    replaced_token: str | None = None
     # ("uid/restarts" of the prefill, of the decode) of pairs a pair canary decoded through: warm,
     # their KV handshake done, so their canaries get the short deadline (pods still scraped).
     warm_pairs: set[tuple[str, str]] = field(default_factory=set)
@@ -322,3 +326,13 @@ def new_findings(
             first_seen[key] = now
             fresh.append(f)
     return fresh
+
+
+def token_with_fallback(mem: DeploymentMemory, token: str | None) -> tuple[str | None, str | None]:
+    """`token` as read now and the one it replaced, remembered in `mem` (until the next change
+    or a restart of this process)."""
+    if token and token != mem.admin_token:
+        if mem.admin_token:
+            mem.replaced_token = mem.admin_token
+        mem.admin_token = token
+    return token, (mem.replaced_token if mem.replaced_token != token else None)

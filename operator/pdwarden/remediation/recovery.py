@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from pdwarden.api import LedgerEntry
 from pdwarden.api.status import MAX_MESSAGE, LedgerOutcome
+from pdwarden.remediation.act import worker_admin
 from pdwarden.remediation.record.ledger import pending
 from pdwarden.remediation.scrape import sanitize
 from pdwarden.remediation.seams import Round, Seen, Tools
@@ -79,7 +80,9 @@ async def _fail_again(tools: Tools, seen: Seen, entry: LedgerEntry) -> LedgerEnt
             entry, "Skipped", f"not completed: the prefill pod is gone or no ids ({RECOVERED})", 0
         )
     try:
-        failed = await tools.admin.fail_rooms(target, ids, seen.token)
+        failed = await worker_admin.fail_rooms(
+            tools.admin, target, ids, seen.token, seen.fallback_token
+        )
     except Exception as e:  # recorded; the breaker counts a Failed entry like a done one
         return completed(
             entry, "Failed", f"could not be completed ({RECOVERED}): {sanitize.why(e)}"

@@ -41,6 +41,9 @@ class Seen:
     unjudged: frozenset[str]  # covered pods that cannot be scraped now: never judged or acted on
     decode_replicas: int
     held: list[HeldBack] = field(default_factory=list)  # refusals this cycle (a PDB said no)
+    # The admin token a rotation replaced, asked with when a worker refuses `token` (it has not
+    # read its new one yet); None when nothing was rotated.
+    fallback_token: str | None = None
 
     def target(self, pod: str) -> Target | None:
         return next((t for t in self.targets.values() if t.pod == pod), None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import aiohttp
 
@@ -29,6 +29,14 @@ MAX_ERROR_BYTES: Final = 2048
 
 class AdminCallError(OSError):
     """The worker's admin API did not give a usable answer (refused, timed out, garbage)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status, when the worker answered one
+
+    @property
+    def token_refused(self) -> bool:
+        return self.status in (401, 403)
 
 
 def failed_count(body: bytes, asked: int) -> int:
@@ -67,10 +75,28 @@ class WorkerAdmin:
             async with self._open().post(url, json={"rooms": list(rooms)}, headers=headers) as resp:
                 if resp.status != 200:
                     text = (await resp.content.read(MAX_ERROR_BYTES)).decode(errors="replace")
-                    raise AdminCallError(f"{url}: HTTP {resp.status}: {text.strip()}")
+                    raise AdminCallError(f"{url}: HTTP {resp.status}: {text.strip()}", resp.status)
                 body = await read_capped(resp, url, MAX_ANSWER_BYTES)
         except BodyTooLarge as e:
             raise AdminCallError(str(e)) from None
         except (aiohttp.ClientError, TimeoutError) as e:
             raise AdminCallError(f"{url}: {type(e).__name__}: {e}") from None
         return await asyncio.to_thread(failed_count, body, len(rooms))
+
+
+class Admin(Protocol):
+    async def fail_rooms(self, target: Target, rooms: Sequence[int], token: str | None) -> int: ...
+
+
+async def fail_rooms(
+    admin: Admin, target: Target, rooms: Sequence[int], token: str | None, fallback: str | None
+) -> int:
+    """`admin.fail_rooms` with `token`, and once more with `fallback` if the worker refused the
+    token: after a rotation a worker may not have read its new token yet (a refused call did
+    nothing, so asking again is safe)."""
+    try:
+        return int(await admin.fail_rooms(target, rooms, token))
+    except AdminCallError as e:
+        if not (e.token_refused and fallback and fallback != token):
+            raise
+    return int(await admin.fail_rooms(target, rooms, fallback))

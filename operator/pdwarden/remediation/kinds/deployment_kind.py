@@ -32,11 +32,12 @@ from pdwarden.remediation.memory import (
     DeploymentMemory,
     decode_pods,
     scrape_targets,
+    token_with_fallback,
 )
 from pdwarden.remediation.record.ledger import cycle_status, new_entry_id
 from pdwarden.remediation.seams import Obj, Seen
 from pdwarden.render import Owner, names
-from pdwarden.tokens import derive_token
+from pdwarden.tokens import TokenKey, derive_token
 from pdwarden.values import Target
 
 log = logging.getLogger("pdwarden.remediation.kinds.deployment_kind")
@@ -56,13 +57,26 @@ class DeploymentKind:
 
     name = KIND
 
-    def __init__(self, client: KubeApi, token_key: bytes | None = None) -> None:
+    def __init__(self, client: KubeApi, token_key: TokenKey | None = None) -> None:
         self.client = client
         self.token_key = token_key
 
-    async def admin_token(self, owner: Owner) -> str | None:
-        if self.token_key is not None:
-            return derive_token(self.token_key, owner.namespace, owner.name, owner.uid)
+    async def admin_tokens(
+        self, owner: Owner, mem: DeploymentMemory
+    ) -> tuple[str | None, str | None]:
+        """The admin token to use and the one to fall back on: with a token key, the tokens
+        of the key and of the key a rotation replaced; without, the Secret's token and the one
+        read before it."""
+        if self.token_key is None:
+            return token_with_fallback(mem, await self.secret_token(owner))
+        current, old = (
+            derive_token(k, owner.namespace, owner.name, owner.uid) if k else None
+            for k in (self.token_key.current(), self.token_key.previous())
+        )
+        return current, old
+
+    async def secret_token(self, owner: Owner) -> str | None:
+        """The token in the deployment's admin Secret (no token key: the operator reads it)."""
         secret = await self.client.get(
             "v1", "Secret", owner.namespace, names(owner.name).admin_secret
         )
@@ -101,7 +115,9 @@ class DeploymentKind:
         owner = Owner(meta["name"], meta["namespace"], meta["uid"])
         pods = await self.our_pods(owner, mem)
         workers = scrape_targets(pods, spec.engine)
-        token = await self.admin_token(owner) if any(w.rooms for w in workers) else None
+        token, fallback = (
+            await self.admin_tokens(owner, mem) if any(w.rooms for w in workers) else (None, None)
+        )
         targets = {
             w.uid: Target(pod=w.name, uid=w.uid, role=w.role, ip=w.ip, port=WORKER_PORT,
                           rooms=w.rooms, engine=w.engine)
@@ -110,7 +126,7 @@ class DeploymentKind:
         scraped = {w.name for w in workers}
         return Seen(
             namespace=owner.namespace, tenant=owner.uid, pods=pods, workers=workers,
-            targets=targets, token=token,
+            targets=targets, token=token, fallback_token=fallback,
             unjudged=frozenset(_name(p) for p in pods if _name(p) not in scraped),
             decode_replicas=spec.decode.replicas,
         )  # fmt: skip

@@ -36,7 +36,12 @@ from pdwarden.remediation.act.done import Done, skipped
 from pdwarden.remediation.decide import Plan, PlannedAction, PodState
 from pdwarden.remediation.detect.advisories import PodAdvice
 from pdwarden.remediation.detect.rules import Detection
-from pdwarden.remediation.memory import DeploymentMemory, WorkerPod, worker_pod
+from pdwarden.remediation.memory import (
+    DeploymentMemory,
+    WorkerPod,
+    token_with_fallback,
+    worker_pod,
+)
 from pdwarden.remediation.policy.cordon import CordonCheck, cordon_check
 from pdwarden.remediation.policy.scope import (
     ForeignPod,
@@ -174,12 +179,16 @@ class PolicyKind:
                           rooms=w.rooms, engine=w.engine, metrics_path=m.path, scheme=m.scheme)
             for w in workers
         }  # fmt: skip
-        token = await self.admin_token(namespace, spec) if any(w.rooms for w in workers) else None
+        token, fallback = (
+            token_with_fallback(mem, await self.admin_token(namespace, spec))
+            if any(w.rooms for w in workers)
+            else (None, None)
+        )
         matched = {p.name: p for p in (*scope.prefill_matched, *scope.decode_matched)}
         scraped = {w.name for w in workers}
         return PolicySeen(
             namespace=namespace, tenant=str(meta["uid"]), pods=list(raw.values()),
-            workers=workers, targets=targets, token=token,
+            workers=workers, targets=targets, token=token, fallback_token=fallback,
             unjudged=frozenset(n for n in matched if n not in scraped),
             decode_replicas=len(scope.decode_matched), scope=scope, check=check,
             matched=matched,

@@ -54,6 +54,11 @@ READ_CHUNK: Final = 64 * 1024
 JSON_THREADS: Final = 2
 TOO_LARGE: Final = "too_large"
 
+
+class TokenRefused(ScrapeError):
+    """A worker's admin API refused the token (401/403)."""
+
+
 T = TypeVar("T")
 
 
@@ -165,6 +170,8 @@ class WorkerClient:
     async def _get(self, share: Share, url: str, token: str | None = None) -> bytes:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         async with share.slots, self.session().get(url, headers=headers) as resp:
+            if resp.status in (401, 403) and token:
+                raise TokenRefused(f"{url}: HTTP {resp.status}: the admin token was refused")
             if resp.status != 200:
                 raise ScrapeError(f"{url}: HTTP {resp.status}")
             return await read_capped(resp, url, self.max_body)
@@ -197,6 +204,8 @@ class WorkerClient:
             )
         except BodyTooLarge as e:
             return ScrapeResult(target, error=str(e), refused=TOO_LARGE)
+        except TokenRefused as e:
+            return ScrapeResult(target, error=str(e), auth_refused=True)
         except ScrapeError as e:
             return ScrapeResult(target, error=str(e))
         except (aiohttp.ClientError, OSError, ValueError) as e:
