@@ -8,11 +8,14 @@ from collections.abc import Sequence
 
 import pytest
 
+from pdwarden.constants import WORKER_PORT
 from pdwarden.remediation.act.worker_admin import AdminCallError, fail_rooms
 from pdwarden.remediation.memory import DeploymentMemory, token_with_fallback
 from pdwarden.values import Target
 
-TARGET = Target(pod="prefill-0", uid="u", role="prefill", ip="127.0.0.1", port=8000, rooms=True)
+TARGET = Target(
+    pod="prefill-0", uid="u", role="prefill", ip="127.0.0.1", port=WORKER_PORT, rooms=True
+)
 
 
 def test_the_token_a_rotation_replaced_is_the_fallback_until_the_next_one() -> None:
