@@ -12,13 +12,14 @@ import asyncio
 import contextlib
 import logging
 import shlex
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import process
+from . import memcg, process
 from .nodes import now_iso
 from .probes import ProbeSpec, ProbeState, run_probe
 from .status import ContainerView
@@ -71,6 +72,8 @@ class Container:
         self.last_term: dict[str, Any] = {}
         self.current_delay = 0.0
         self.grace = 30.0  # the pod's terminationGracePeriodSeconds, for liveness kills
+        self.memory_limit = memcg.memory_limit(spec)
+        self.cgroup: memcg.MemoryCgroup | None = None
 
     # -- views -------------------------------------------------------------------------------
 
@@ -121,9 +124,15 @@ class Container:
         log_path = self.pod_dir / "logs" / self.name / f"{self.restart_count}.log"
         pid_file = self.pod_dir / "pids" / f"{self.name}.pid"
         try:
-            self.proc = await process.spawn(launch.argv, launch.env, launch.cwd, log_path, pid_file)
-        except OSError as e:
+            self.cgroup = self._cgroup()
+            self.proc = await process.spawn(
+                launch.argv, launch.env, launch.cwd, log_path, pid_file, cgroup=self.cgroup
+            )
+        except (OSError, subprocess.SubprocessError) as e:
             self.proc = None
+            if self.cgroup is not None:
+                self.cgroup.remove()
+                self.cgroup = None
             t = now_iso()
             self.last_term = {
                 "exitCode": 128,
@@ -153,11 +162,22 @@ class Container:
             asyncio.create_task(self._probe_loop(st, launch)) for st in self.probes.values()
         ]
 
+    def _cgroup(self) -> memcg.MemoryCgroup | None:
+        if self.memory_limit is None:
+            return None
+        name = f"{self.pod_dir.name}.{self.name}.{self.runs}"
+        return memcg.MemoryCgroup.make(name, self.memory_limit)
+
     async def _wait(self, proc: asyncio.subprocess.Process) -> None:
         rc = await proc.wait()
         process.signal_group(proc.pid, 9)  # the container ends when its main process does
         code = process.exit_code(rc)
         reason = "Completed" if code == 0 else "Error"
+        if self.cgroup is not None:
+            if code == 137 and self.cgroup.oom_kills():
+                reason = "OOMKilled"  # what a real kubelet reports for the kernel's kill
+            self.cgroup.remove()
+            self.cgroup = None
         term: dict[str, Any] = {
             "exitCode": code,
             "reason": reason,

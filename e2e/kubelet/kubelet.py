@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from . import network, nodes, podips, process
+from . import memcg, network, nodes, podips, process
 from .apiclient import Api, ApiError, Credentials, WatchExpired
 from .pod import PodContext, PodWorker
 
@@ -64,6 +64,7 @@ class Kubelet:
         killed = process.reap_stale(self.cfg.state_dir)
         if killed:
             log.warning("killed %d process groups left by an earlier kubelet", killed)
+        memcg.remove_stale()
         async with Api(self.creds) as api:
             uids = {}
             for spec in self.specs:

@@ -13,8 +13,11 @@ import ctypes
 import logging
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
+
+from .memcg import MemoryCgroup
 
 log = logging.getLogger("kubelet.process")
 
@@ -23,8 +26,13 @@ _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _child_setup() -> None:
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def _child_setup(cgroup: MemoryCgroup | None) -> Callable[[], None]:
+    def setup() -> None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if cgroup is not None:
+            cgroup.enter()  # before exec: the container's first byte is charged to its limit
+
+    return setup
 
 
 def _open_log(log_path: Path) -> BinaryIO:
@@ -38,9 +46,16 @@ def _write_pid(pid_file: Path, pid: int) -> None:
 
 
 async def spawn(
-    argv: list[str], env: dict[str, str], cwd: str, log_path: Path, pid_file: Path
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    log_path: Path,
+    pid_file: Path,
+    *,
+    cgroup: MemoryCgroup | None = None,
 ) -> asyncio.subprocess.Process:
-    """Start argv as the leader of a new session, stdout+stderr appended to log_path."""
+    """Start argv as the leader of a new session, stdout+stderr appended to log_path, inside
+    `cgroup` when given."""
     with _open_log(log_path) as out:
         proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -50,7 +65,7 @@ async def spawn(
             stdout=out,
             stderr=out,
             start_new_session=True,
-            preexec_fn=_child_setup,
+            preexec_fn=_child_setup(cgroup),
         )
     _write_pid(pid_file, proc.pid)
     return proc

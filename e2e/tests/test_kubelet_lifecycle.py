@@ -1,5 +1,6 @@
 """Local kubelet lifecycle against the real control plane: volumes and env, liveness restarts,
-and that no pod process outlives a kubelet (clean stop, or SIGKILL of the kubelet).
+memory limits the kernel enforces (OOMKilled), and that no pod process outlives a kubelet (clean
+stop, or SIGKILL of the kubelet).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 from e2e.fixtures import Cluster
+from e2e.kubelet import memcg
 from e2e.kubelet.logs import read_log
 from e2e.tests.test_kubelet import alive, apply, condition, get, pid_of
 
@@ -117,6 +119,38 @@ def test_liveness_failure_restarts_container(cluster: Cluster, namespace: str) -
     )
     last = status()["lastState"]["terminated"]
     assert "liveness probe failed" in last.get("message", ""), last
+
+
+def test_a_container_over_its_memory_limit_is_oom_killed_and_one_under_it_runs(
+    cluster: Cluster, namespace: str
+) -> None:
+    """The kernel's OOM killer, through the container's own memory cgroup: the container that
+    allocates past `limits.memory` ends OOMKilled (137) and is restarted; its twin that stays
+    under the same limit keeps running."""
+    if not memcg.available():
+        pytest.skip("no memory cgroup can be made on this machine: limits are not enforced")
+    grab = "import time; b = [bytearray({mib} << 20) for _ in range(4)]; print('held'); " \
+           "time.sleep(3600)"  # fmt: skip
+    for name, mib in (("greedy", 32), ("modest", 4)):
+        apply(cluster, namespace, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+                "name": "c", "image": "python:3.11",
+                "command": ["python", "-c", grab.format(mib=mib)],
+                "resources": {"limits": {"memory": "64Mi"}},
+            }]},
+        })  # fmt: skip
+
+    def status(name: str) -> dict[str, Any]:
+        p = get(cluster, namespace, "pod", name) or {}
+        return dict(((p.get("status") or {}).get("containerStatuses") or [{}])[0])
+
+    cluster.wait_until("an OOM kill", lambda: status("greedy").get("restartCount", 0) >= 1, 60)
+    last = status("greedy")["lastState"]["terminated"]
+    assert (last["reason"], last["exitCode"]) == ("OOMKilled", 137), last
+    modest = cluster.wait_until("the modest pod running", lambda: "running" in (
+        status("modest").get("state") or {}) and status("modest"), 30)  # fmt: skip
+    assert modest["restartCount"] == 0, modest
 
 
 def start_kubelet(cluster: Cluster, state: Path, prefix: str) -> subprocess.Popen[bytes]:

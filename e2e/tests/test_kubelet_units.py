@@ -12,13 +12,31 @@ from typing import Any
 
 import pytest
 from e2e import vllm
-from e2e.kubelet import images, podips
+from e2e.kubelet import images, memcg, podips
 from e2e.kubelet.expand import expand, substitute_paths
 from e2e.kubelet.probes import ProbeSpec, ProbeState
-from e2e.kubelet.status import ContainerView, conditions, phase
+from e2e.kubelet.status import ContainerView, conditions, overwritten, phase
 from e2e.kubelet.volumes import SYNC_SECONDS, VolumeSet, field_value
 
 from pdwarden.constants import CONDITION_SERVING
+
+
+@pytest.mark.parametrize(
+    ("quantity", "want"),
+    [("512Mi", 512 << 20), ("1Gi", 1 << 30), ("134217728", 134217728), ("1G", 10**9),
+     ("1.5Gi", 3 << 29), ("128k", 128000), ("1e3", 1000)],
+)  # fmt: skip
+def test_memory_quantities_are_read_as_kubernetes_writes_them(quantity: str, want: int) -> None:
+    assert memcg.quantity_bytes(quantity) == want
+    assert memcg.memory_limit({"resources": {"limits": {"memory": quantity}}}) == want
+
+
+def test_a_container_without_a_readable_memory_limit_has_none() -> None:
+    assert memcg.memory_limit({"name": "c"}) is None
+    assert memcg.memory_limit({"resources": {"requests": {"memory": "1Gi"}}}) is None
+    assert memcg.memory_limit({"resources": {"limits": {"memory": "lots"}}}) is None
+    with pytest.raises(ValueError, match="not a memory quantity"):
+        memcg.quantity_bytes("12 Mi")
 
 
 @pytest.mark.parametrize(
@@ -248,3 +266,16 @@ def test_a_secret_volume_follows_its_secret_and_keeps_its_content_while_it_is_go
     assert token.read_text() == "second"
     assert volumes.refresh_at <= time.time() + SYNC_SECONDS  # tried again later
     assert api.gets == 4
+
+
+def test_a_condition_someone_else_overwrote_is_written_back() -> None:
+    """The node lifecycle controller marked the pod Ready False while this kubelet was away: its
+    own view differs from the API's, so it reports again (a gate someone else owns is theirs)."""
+    mine = {"conditions": [{"type": "Ready", "status": "True"},
+                           {"type": "ContainersReady", "status": "True"}]}  # fmt: skip
+    held = {"status": {"conditions": [{"type": "Ready", "status": "True"},
+                                      {"type": "ContainersReady", "status": "True"},
+                                      {"type": CONDITION_SERVING, "status": "False"}]}}  # fmt: skip
+    assert not overwritten(held, mine)
+    held["status"]["conditions"][0]["status"] = "False"
+    assert overwritten(held, mine)
