@@ -309,7 +309,7 @@ class PodWorker:
                 grace=float(self.pod["spec"].get("terminationGracePeriodSeconds") or 30)
             )
         key = pstatus.material(st)
-        if key == self.last_reported:
+        if key == self.last_reported and not pstatus.overwritten(self.pod, st):
             return
         m = self.pod["metadata"]
         resp = await self.ctx.api.patch(

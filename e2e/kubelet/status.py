@@ -167,6 +167,16 @@ def pod_status(
     return st
 
 
+def overwritten(pod: dict[str, Any], status: dict[str, Any]) -> bool:
+    """Whether someone else changed a condition this kubelet owns on the API server (the node
+    lifecycle controller marks a lost node's pods Ready False): a kubelet that speaks again
+    writes its own view back, as a real one's status manager does."""
+    held = {
+        c.get("type"): c.get("status") for c in (pod.get("status") or {}).get("conditions") or []
+    }
+    return any(held.get(c["type"]) != c["status"] for c in status["conditions"])
+
+
 def material(status: dict[str, Any]) -> Any:
     """The status without timestamps that change on every call, to skip no-op patches."""
     conds = [
