@@ -335,3 +335,35 @@ def test_a_pod_whose_metrics_are_over_the_cap_is_announced_once_and_counted(
     assert (REGISTRY.get_sample_value("pdwarden_scrape_refused_total") or 0.0) == before + 1
     [event] = [e for e in kube.events if e["reason"] == "MetricsTooLarge"]
     assert "pd-decode-1 is not judged" in event["message"]
+
+
+def lose_node(kube: KubeFake, name: str) -> None:
+    """What the node lifecycle controller does to a pod of a node that stopped reporting: its
+    Ready condition False, nothing else (its containers still ready)."""
+    conds = kube.objects[("Pod", "ns", name)]["status"]["conditions"]
+    conds.append({"type": "ContainersReady", "status": "True"})
+    next(c for c in conds if c["type"] == "Ready")["status"] = "False"
+
+
+def test_pods_on_a_lost_node_are_unknown_and_never_acted_on(
+    kube: KubeFake, workers: WorkerFake
+) -> None:
+    """The decode that would be cordoned (as in the test above) and the prefill whose rooms
+    would be failed sit on a lost node: neither is asked, judged or touched, the Wedged
+    condition says why, and no scrape error is counted. The healthy prefill's rooms that wait on
+    the lost decode are still failed: that repair happens on a healthy node."""
+    cluster(kube)
+    _repeat_offender(kube)
+    workers.stuck("pd-prefill-0", "pd-decode-1", 7)
+    workers.stuck("pd-prefill-1", "pd-decode-0", 8)
+    lose_node(kube, "pd-decode-1")
+    lose_node(kube, "pd-prefill-1")
+    errors_before = REGISTRY.get_sample_value("pdwarden_scrape_errors_total") or 0.0
+    cycle(state_for(kube, workers), kube)
+    assert [(a, p) for a, p, _ in done(kube)[1:]] == [("FailRooms", "pd-prefill-0")]
+    assert serving(kube, "pd-decode-1") == "True"
+    assert not {"pd-decode-1", "pd-prefill-1"} & set(workers.scraped)
+    assert (REGISTRY.get_sample_value("pdwarden_scrape_errors_total") or 0.0) == errors_before
+    conditions = kube.obj(KIND, "ns", "pd")["status"]["conditions"]
+    wedged = next(c for c in conditions if c["type"] == "Wedged")
+    assert "pd-decode-1: " in wedged["message"] and "stopped reporting" in wedged["message"]

@@ -38,6 +38,7 @@ from pdwarden.remediation.confirmation import confirm, confirm_pairs
 from pdwarden.remediation.decide import Plan, PlannedAction, plan
 from pdwarden.remediation.detect.advisories import advise
 from pdwarden.remediation.detect.rules import Detection, detect
+from pdwarden.remediation.node_lost import lost_pods
 from pdwarden.remediation.events import (
     announce_advisories,
     announce_new_wedges,
@@ -122,14 +123,15 @@ async def run(
     # Read from the pods' own settings; reported (a condition, Events), never planned on.
     advisories = advise(seen.advised(), spec.engine)
     await announce_advisories(tools.client, body, mem, advisories)
-    observations = await scrape_all(tools.workers, seen)
+    lost = lost_pods(seen.pods, r.now)  # unknown, whatever they answer (node_lost.py)
+    observations = await scrape_all(tools.workers, seen, lost)
     evidence_at = time.monotonic()
     interval = rem.scrape_interval_seconds
     remember(mem, list(observations.values()), rem.wedge_after_seconds + 3 * interval)
     await announce_refused(tools.client, body, mem, seen.workers, observations)
     views = pod_views(seen.workers, observations, mem, time.monotonic(), interval)
     detection = detect(views, rem.wedge_after_seconds)
-    stale = {v.name for v in views if v.stale} | set(seen.unjudged)
+    stale = {v.name for v in views if v.stale} | set(seen.unjudged) | set(lost)
     shared = kind.shared_status(previous)
     history = merge_history(history_of(shared), mem.unrecorded)
     settled = await recovery.settle(r, history)
@@ -172,11 +174,17 @@ async def run(
     return CycleResult(detection, decision, settled + done, status, clear)
 
 
-async def scrape_all(workers: WorkerApi, seen: Seen) -> dict[str, Observation]:
+async def scrape_all(
+    workers: WorkerApi, seen: Seen, lost: Mapping[str, str] | None = None
+) -> dict[str, Observation]:
     """Scrape every pod of one tenant (its own share of the client); one pod's failure,
-    whatever it is, is that pod's error only."""
+    whatever it is, is that pod's error only. A pod on a lost node is not asked: its
+    observation is the reason it cannot be judged (not a scrape error)."""
+    lost = lost or {}
 
     async def one(w: WorkerPod) -> Observation:
+        if w.name in lost:
+            return Observation(w.uid, error=sanitize.error(lost[w.name]))
         try:
             token = seen.token if w.rooms else None  # only a pod with an admin API gets it
             target = seen.targets[w.uid]
@@ -190,8 +198,9 @@ async def scrape_all(workers: WorkerApi, seen: Seen) -> dict[str, Observation]:
             return Observation(w.uid, error=why)
 
     results = await asyncio.gather(*(one(w) for w in seen.workers))
-    metrics.SCRAPES.inc(len(results))
-    metrics.SCRAPE_ERRORS.inc(sum(1 for o in results if o.sample is None))
+    asked = [o for w, o in zip(seen.workers, results, strict=True) if w.name not in lost]
+    metrics.SCRAPES.inc(len(asked))
+    metrics.SCRAPE_ERRORS.inc(sum(1 for o in asked if o.sample is None))
     return {o.uid: o for o in results}
 
 

@@ -109,16 +109,16 @@ def wedge_record(f: Finding, now: datetime) -> WedgeFinding:
 
 
 def _wedged(detection: Detection) -> tuple[bool | None, str, str]:
+    unknown = (
+        f"cannot judge (no action is taken on these pods): {'; '.join(detection.unknown)}"
+        if detection.unknown
+        else ""
+    )
     if detection.findings:
         message = "; ".join(f"{f.reason} on {f.pod}: {f.evidence}" for f in detection.findings)
-        return True, "WedgesFound", message
-    if detection.unknown:
-        pods = "; ".join(detection.unknown)
-        return (
-            None,
-            "MetricsUnavailable",
-            f"cannot judge (no action is taken on these pods): {pods}",
-        )
+        return True, "WedgesFound", message + (f". And {unknown}" if unknown else "")
+    if unknown:
+        return None, "MetricsUnavailable", unknown
     return False, "NoWedges", "every worker's queues are moving"
 
 
