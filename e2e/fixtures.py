@@ -262,7 +262,7 @@ class OperatorProcess:
         with urllib.request.urlopen(url, timeout=5) as resp:
             return str(resp.read().decode())
 
-    def metric(self, name: str, **labels: str) -> float:
+    def metric(self, name: str, /, **labels: str) -> float:
         """Sum of a metric's samples from this operator's /metrics (0 if absent), of those that
         carry every label value given."""
         total = 0.0

@@ -6,9 +6,10 @@ every scenario; each wedges one decode pod on purpose (the `decode-stall` fault 
 test_remediation_scenarios.py), so a live wedge runs through the fault, and asserts what a user
 sees: the ledger in status, pod conditions, Events, the operator's /metrics. Each prints its
 figures (time to recover, time to repair), gathered at the end of the module into one table
-(docs/faults.md quotes it). They run in file order: etcd paused, throttled, watch history
-compacted, API server killed; the last two restart the API server, after which they check the
-operator's part of bringing a replaced pod back, not the test kubelet's (`replacement_served`).
+(docs/faults.md quotes it). They run in file order: etcd paused, throttled, a node lost, watch
+history compacted, API server killed; the last two restart the API server, after which they
+check the operator's part of bringing a replaced pod back, not the test kubelet's
+(`replacement_served`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from e2e.pdtools import (
     generate,
     pods,
     router_url,
+    status,
     wait_ready,
 )
 from e2e.tests.test_remediation_scenarios import env, worker_pid
@@ -203,7 +205,9 @@ def serving(pod: dict[str, Any] | None) -> str | None:
     return None
 
 
-def stall_and_load(w: World, victim: dict[str, Any], *args: str) -> subprocess.Popen[bytes]:
+def stall_and_load(
+    w: World, victim: dict[str, Any], *args: str, name: str = "pd"
+) -> subprocess.Popen[bytes]:
     """Wedge `victim` (its decode stops consuming KV) and start clients whose requests reach it
     (the router picks decode pods at random, among those its discovery listed) and stay stuck
     there."""
@@ -211,19 +215,19 @@ def stall_and_load(w: World, victim: dict[str, Any], *args: str) -> subprocess.P
     url = f"http://{ip}:{WORKER_PORT}"
     wait(  # listed by the router: a request served by it (right after setup it may not be)
         f"the router to send work to {victim['metadata']['name']}",
-        lambda: generate(w.cluster, w.ns, "before the wedge").get("decode") == url,
+        lambda: generate(w.cluster, w.ns, "before the wedge", name).get("decode") == url,
         60,
         every=0.05,
     )
     code, body = http(
         "POST", f"http://{ip}:{WORKER_PORT}/admin/decode-stall", {},
-        token=admin_token(w.cluster, w.ns),
+        token=admin_token(w.cluster, w.ns, name),
     )  # fmt: skip
     assert code == 200, body
-    with (w.logs / "load.log").open("ab") as out:
+    with (w.logs / f"load-{name}.log").open("ab") as out:
         return subprocess.Popen(
             [str(Path(sys.executable).parent / "pdworker"), "load", "--url",
-             router_url(w.cluster, w.ns), "--clients", "4", *args],
+             router_url(w.cluster, w.ns, name), "--clients", "4", *args],
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
@@ -536,6 +540,138 @@ def test_operator_throttled_by_priority_and_fairness(world: World) -> None:
         assert t_cordon - start <= THROTTLED_BOUND, f"cordon after {t_cordon - start:.1f}s"
     finally:
         identity.unthrottle()
+
+
+# -- 5. a node lost ---------------------------------------------------------------------------
+
+# The node lifecycle controller marks a silent node's pods not Ready 50 s (its default grace)
+# after the last lease renewal it saw, itself up to 10 s old, checked every 5 s: the far
+# deployment's wedge matures well after that, so it is judged while its node is known lost.
+FAR_WEDGE_AFTER = 75
+FAR_NODE = "far-gpu-node-0"  # the extra kubelet's one node (--node-prefix far-)
+
+
+def far_cycles(w: World) -> float:
+    return w.op.metric("pdwarden_remediation_cycles_total", namespace=w.ns, name="far")
+
+
+def wedged_message(w: World, name: str) -> str:
+    st = (w.reader.pdd(w.ns, name) or {}).get("status") or {}
+    cond = next((c for c in st.get("conditions") or [] if c.get("type") == "Wedged"), {})
+    return str(cond.get("message") or "")
+
+
+def test_a_lost_nodes_pods_are_left_to_kubernetes_and_the_rest_is_repaired(world: World) -> None:
+    """A second kubelet's node carries a whole PDDeployment (`far`); its decode is stalled under
+    load, then that kubelet is frozen (SIGSTOP: its lease stops, its pods' processes run on and
+    still answer). The node controller marks far's pods not Ready; pdwarden judges them unknown
+    and says why (the Wedged condition), takes no action on them though their wedge matures, and
+    meanwhile repairs a wedge on the healthy nodes. The kubelet back, the wedge is judged again
+    and repaired: it was real, so the restraint was pdwarden's, not a missed wedge."""
+    from e2e.tests.test_kubelet_lifecycle import start_kubelet
+
+    w = world
+    state = w.logs / "far-kubelet"
+    state.mkdir()
+    kubelet = start_kubelet(w.cluster, state, "far-")
+    loader: subprocess.Popen[bytes] | None = None
+    try:
+        wait("the far node registered", lambda: w.reader.get(f"/api/v1/nodes/{FAR_NODE}"), 60)
+        pinned = {"nodeSelector": {"kubernetes.io/hostname": FAR_NODE}}
+        apply(w.cluster, w.ns, cpu_example(
+            "far", prefill=pinned, router=pinned,
+            decode={"replicas": 2, "env": env("decode-stall"), **pinned},
+            remediation={
+                "scrapeIntervalSeconds": SCRAPE, "wedgeAfterSeconds": FAR_WEDGE_AFTER,
+                "restartAfterSeconds": RESTART_AFTER, "cooldownSeconds": 2,
+                "maxUnavailableDecode": 1, "maxActionsPerHour": 200,
+            },
+        ))  # fmt: skip
+        wait_ready(
+            w.cluster, w.ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"}, name="far"
+        )
+        victim = pods(w.cluster, w.ns, "decode", "far")[0]
+        assert victim["spec"]["nodeName"] == FAR_NODE, victim["spec"]
+        loader = stall_and_load(w, victim, "--requests", "8", "--timeout", "300", name="far")
+        wait("requests stuck on far's decode", lambda: stuck_requests(victim) > 0, 30)
+        stalled = time.monotonic()
+        kubelet.send_signal(signal.SIGSTOP)
+        try:
+            far = [*pods(w.cluster, w.ns, "prefill", "far"), victim]
+
+            def marked() -> bool:
+                now = [w.reader.pod(w.ns, p["metadata"]["name"]) or {} for p in far]
+                return all(
+                    any(c.get("type") == "Ready" and c.get("status") == "False"
+                        for c in (p.get("status") or {}).get("conditions") or [])
+                    for p in now
+                )  # fmt: skip
+
+            _, t_marked = wait("the node controller marks far's pods not Ready", marked, 120)
+            assert t_marked - stalled < FAR_WEDGE_AFTER, "marked after the wedge matured"
+            wait("far's Wedged condition to name the lost node",
+                 lambda: "stopped reporting" in wedged_message(w, "far"), 30)  # fmt: skip
+
+            # The healthy nodes' wedge is repaired meanwhile.
+            near = decode(w, 1)
+            fresh = time.monotonic()
+            near_loader = stall_and_load(w, near, "--requests", "16", "--timeout", "60")
+            try:
+                t_cordon, _ = repaired(w, near, 90)
+            finally:
+                near_loader.kill()
+                near_loader.wait(timeout=10)
+            replacement_ready(w, near)
+
+            # far's wedge matured while its node was lost, and cycles ran on it since.
+            wait("far's wedge older than wedgeAfterSeconds",
+                 lambda: time.monotonic() - stalled > FAR_WEDGE_AFTER + 2 * CYCLE,
+                 FAR_WEDGE_AFTER + 30)  # fmt: skip
+            start = far_cycles(w)
+            wait("three more cycles of far", lambda: far_cycles(w) >= start + 3, 60)
+            message = wedged_message(w, "far")
+            assert not (status(w.cluster, w.ns, "far").get("remediation") or {}).get("history")
+            assert stuck_requests(victim) > 0  # still wedged, and still untouched
+            now = w.reader.pod(w.ns, victim["metadata"]["name"]) or {}
+            assert now["metadata"]["uid"] == victim["metadata"]["uid"]
+            assert not now["metadata"].get("deletionTimestamp") and serving(now) == "True"
+        finally:
+            kubelet.send_signal(signal.SIGCONT)
+        resumed, wall_resumed = time.monotonic(), time.time()
+
+        def far_cordoned() -> bool:
+            entries = status(w.cluster, w.ns, "far").get("remediation") or {}
+            return any(
+                e["action"] == "CordonDecode" and e.get("uid") == victim["metadata"]["uid"]
+                and e.get("outcome") == "Succeeded"
+                for e in entries.get("history") or []
+            )  # fmt: skip
+
+        try:
+            _, t_far = wait("far's decode cordoned once its node is back", far_cordoned, 90)
+        except AssertionError:
+            back = w.reader.pod(w.ns, victim["metadata"]["name"]) or {}
+            print(f"far: {wedged_message(w, 'far')}; {victim['metadata']['name']}: "
+                  f"{(back.get('status') or {}).get('conditions')}", flush=True)  # fmt: skip
+            raise
+        entries = (status(w.cluster, w.ns, "far").get("remediation") or {}).get("history") or []
+        assert all(when(e) >= wall_resumed - 1 for e in entries), entries
+    finally:
+        if loader is not None:
+            loader.kill()
+            loader.wait(timeout=10)
+        kubelet.send_signal(signal.SIGCONT)
+        w.cluster.kubectl("delete", "pdd", "far", "-n", w.ns, "--wait=true", "--timeout=60s",
+                          check=False)  # fmt: skip
+        kubelet.terminate()
+        kubelet.wait(timeout=30)
+        w.cluster.kubectl("delete", "node", FAR_NODE, "--wait=false", check=False)
+    w.figures["5 node lost"] = {
+        "marked_not_ready_after_s": round(t_marked - stalled, 1),
+        "near_wedge_cordon_s": round(t_cordon - fresh, 1),
+        "far_repaired_after_node_back_s": round(t_far - resumed, 1),
+        "condition": message[:160],
+    }  # fmt: skip
 
 
 # -- 3. watch history compacted while the operator's watches are down --------------------------
