@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import yaml
 from e2e import promtool
 from e2e.cluster.controlplane import free_port
 from e2e.fixtures import Cluster
+from e2e.kubelet import memcg
 from e2e.prometheus import PrometheusServer, scrape_config, without_for
 from e2e.promtool import rules_from_manifests
 
@@ -314,6 +316,87 @@ def test_every_dashboard_panel_shows_the_repair_in_prometheus(
     held = {(r["metric"]["namespace"], r["metric"]["name"]): r["value"][1] for r in suspended}
     assert held.get((release.watched, "st")) == "1", held
     print(f"[prometheus] dashboard queries with series: {len(shown)}", flush=True)
+
+
+def test_an_operator_oom_killed_in_a_loop_repairs_a_live_wedge_once_when_its_limit_returns(
+    release: Release, cluster: Cluster
+) -> None:
+    """The operator's memory limit set below what it needs (70% of the peak its container's
+    cgroup measured so far), a decode stalled under load meanwhile: the kernel OOM-kills the
+    operator in a loop (OOMKilled, CrashLoopBackOff). The limit restored, the wedge is cordoned
+    and restarted once: wherever the kills fell, no action is lost, none done twice, no intent
+    left Pending. (Measured: at 70% the kills fall while it imports, before it acts; an OOM
+    kill is a SIGKILL, and one inside an action, at each of its three points, is
+    e2e/tests/test_ledger_failover.py's.)"""
+    from e2e.pdtools import admin_token, history, http, pods, router_url, wait_ready
+
+    if cluster.local is None or not memcg.available():
+        pytest.skip("needs the local kubelet and memory cgroups: limits are not enforced here")
+    ns = release.watched
+    (pod,) = release.operator_pods()
+    pid = int(pod["status"]["containerStatuses"][0]["containerID"].removeprefix("local://"))
+    cgroup = memcg.of_pid(pid)
+    assert cgroup is not None and memcg.PARENT in str(cgroup.path), cgroup
+    peak = cgroup.peak_bytes()
+    low = int(peak * 0.7) >> 20
+    before = {(e["action"], e.get("uid")) for e in history(cluster, ns, "st")}
+    release.run(
+        "upgrade", release.name, str(CHART), "--reuse-values",
+        "--set", f"resources.limits.memory={low}Mi,resources.requests.memory={low}Mi",
+    )  # fmt: skip
+
+    # A new wedge while the operator dies: the breaker reopened for it, a decode stalled.
+    cluster.kubectl("patch", "pdd", "st", "-n", ns, "--type=merge",
+                    "-p", '{"spec":{"remediation":{"maxActionsPerHour":10}}}')  # fmt: skip
+    victim = pods(cluster, ns, "decode", "st")[0]
+    code, body = http(
+        "POST", f"http://{victim['status']['podIP']}:{WORKER_PORT}/admin/decode-stall", {},
+        token=admin_token(cluster, ns, "st"),
+    )  # fmt: skip
+    assert code == 200, body
+    url = router_url(cluster, ns, "st")
+
+    def oom_killed() -> int:
+        kills = 0
+        for p in release.operator_pods():
+            (c,) = p["status"].get("containerStatuses") or [{}]
+            last = (c.get("lastState") or {}).get("terminated") or {}
+            if last.get("reason") == "OOMKilled" and f"{low}Mi" in json.dumps(p["spec"]):
+                kills = max(kills, int(c.get("restartCount", 0)))
+        return kills
+
+    for i in range(16):  # some land on the stalled pod and hang there: time out
+        with contextlib.suppress(TimeoutError, OSError):
+            http("POST", url + "/generate", {"text": f"oom {i}", "max_new_tokens": 2}, timeout=3)
+    kills = cluster.wait_until(
+        "the operator OOM-killed twice", lambda: oom_killed() >= 2 and oom_killed(), 120
+    )
+
+    release.run(
+        "upgrade", release.name, str(CHART), "--reuse-values", "--wait", "--timeout=120s",
+        "--set", "resources.limits.memory=512Mi,resources.requests.memory=128Mi",
+    )  # fmt: skip
+    restored = time.monotonic()
+
+    def repaired() -> list[dict[str, Any]] | None:
+        entries = history(cluster, ns, "st")
+        new = [e for e in entries if (e["action"], e.get("uid")) not in before]
+        done = {(e["action"], e.get("uid")) for e in new if e["outcome"] == "Succeeded"}
+        want = {("CordonDecode", victim["metadata"]["uid"]),
+                ("RestartDecode", victim["metadata"]["uid"])}  # fmt: skip
+        return new if want <= done else None
+
+    new = cluster.wait_until("the wedge repaired once the limit is back", repaired, 120)
+    took = time.monotonic() - restored
+    keys = [(e["action"], e.get("uid")) for e in new]
+    assert len(keys) == len(set(keys)) == 2, new  # each action once, nothing else
+    assert all(e["outcome"] == "Succeeded" for e in new), new
+    wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"}, name="st")
+    print(
+        f"[oom] peak {peak >> 20} MiB, limit {low}Mi: {kills} OOM kills; repaired "
+        f"{took:.1f} s after the limit was restored",
+        flush=True,
+    )
 
 
 ALLOWED = [
