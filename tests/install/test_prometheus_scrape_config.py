@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e.prometheus import check_selects, scrape_config
+from e2e.prometheus import check_selects, pod_monitor_config, scrape_config
 
 from .chart_helpers import Helm, find
 
@@ -69,3 +69,23 @@ def test_a_servicemonitor_that_selects_nothing_is_refused(
     break_it(broken)
     with pytest.raises(AssertionError, match=re.escape(said)):
         check_selects(broken, service)
+
+
+def test_the_worker_job_follows_the_pod_monitor(helm: Helm, tmp_path: Path) -> None:
+    objs = helm.objects("--set", "metrics.podMonitor.enabled=true,watchNamespaces={team-a}")
+    (monitor,) = find(objs, "PodMonitor")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps(KUBECONFIG))
+    job = pod_monitor_config(monitor, kubeconfig, tmp_path)
+    (sd,) = job["kubernetes_sd_configs"]
+    assert sd["namespaces"] == {"names": ["team-a"]}
+    keeps = {r["source_labels"][0]: r["regex"] for r in job["relabel_configs"]
+             if r.get("action") == "keep"}  # fmt: skip
+    assert keeps["__meta_kubernetes_pod_label_pdwarden_dev_role"] == "prefill|decode"
+    assert keeps["__meta_kubernetes_pod_label_app_kubernetes_io_managed_by"] == "pdwarden"
+    assert keeps["__meta_kubernetes_pod_container_port_name"] == "http"
+    copied = {r["target_label"] for r in job["relabel_configs"] if "target_label" in r}
+    assert {"pdwarden_dev_deployment", "pdwarden_dev_role", "namespace", "pod"} <= copied
+    wide = find(helm.objects("--set", "metrics.podMonitor.enabled=true"), "PodMonitor")[0]
+    assert "namespaces" not in pod_monitor_config(wide, kubeconfig, tmp_path)[
+        "kubernetes_sd_configs"][0]  # fmt: skip
