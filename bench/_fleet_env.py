@@ -39,9 +39,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """Resident memory now (VmRSS), or the most it ever was (VmHWM: the peak a memory limit
+    must hold), in MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return 0.0
 
@@ -77,6 +79,9 @@ class Proc:
 
     def rss(self) -> float:
         return rss_mb(self.pid)
+
+    def peak_rss(self) -> float:
+        return rss_mb(self.pid, "VmHWM")
 
     def stop(self, grace: float = 15) -> None:
         if self.popen.poll() is None:

@@ -102,6 +102,7 @@ class Fleet(FleetRig):
             "window_seconds": round(secs, 1),
             "operator_cores": round((op.proc.cpu() - cpu0) / secs, 3),
             "operator_rss_mb": round(op.proc.rss(), 1),
+            "operator_peak_rss_mb": round(op.proc.peak_rss(), 1),  # so far, bursts included
             "lws_cores": round((self.lws_cpu() - lws0) / secs, 4),
             "lws_rss_mb": round(self.lws_rss(), 1),
             "requests_per_s": round(sum(verbs.values()) / secs, 3),

@@ -158,7 +158,9 @@ def figures(data: dict[str, Any]) -> str:
         parts.append(
             f"{r['deployments']} x 25 pods{' (saturated)' if 'saturated' in r else ''}: "
             f"operator {s['operator_cores']:.2f} core, "
-            f"{s['operator_rss_mb']:.0f} MB, {s['requests_per_s']:.2f} API req/s"
+            f"{s['operator_rss_mb']:.0f} MB"
+            + (f" (peak {s['operator_peak_rss_mb']:.0f} MB)" if "operator_peak_rss_mb" in s else "")
+            + f", {s['requests_per_s']:.2f} API req/s"
             + (f" (no watch cache: {base['requests_per_s']:.0f} req/s, "
                f"{base['operator_cores']:.2f} core)" if base else "")
             + f", scrape period p99 {s['period_p99_s']} s; LWS {s['lws_cores']:.3f} core "
