@@ -19,8 +19,15 @@ def at(seconds_ago: float) -> str:
     return (NOW - timedelta(seconds=seconds_ago)).isoformat().replace("+00:00", "Z")
 
 
-def pod(ready: str, containers: str, *, reason: str | None = None, gate: str | None = None,
-        gate_since: float = 600.0, gates: list[dict[str, str]] | None = None) -> dict[str, Any]:  # fmt: skip
+def pod(
+    ready: str,
+    containers: str,
+    *,
+    reason: str | None = None,
+    gate: str | None = None,
+    gate_since: float = 600.0,
+    gates: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
     conds: list[dict[str, Any]] = [
         {"type": "ContainersReady", "status": containers, "lastTransitionTime": at(900)},
         {"type": "Ready", "status": ready, "lastTransitionTime": at(40),

@@ -38,7 +38,6 @@ from pdwarden.remediation.confirmation import confirm, confirm_pairs
 from pdwarden.remediation.decide import Plan, PlannedAction, plan
 from pdwarden.remediation.detect.advisories import advise
 from pdwarden.remediation.detect.rules import Detection, detect
-from pdwarden.remediation.node_lost import lost_pods
 from pdwarden.remediation.events import (
     announce_advisories,
     announce_new_wedges,
@@ -53,6 +52,7 @@ from pdwarden.remediation.memory import (
     pod_views,
     remember,
 )
+from pdwarden.remediation.node_lost import lost_pods
 from pdwarden.remediation.record.ledger import (
     breaker_reset_at,
     ledger_entry,
