@@ -57,3 +57,12 @@ def phase_of(conditions: list[Condition], invalid: bool = False) -> str:
     if condition_is(conditions, "Ready"):
         return "Ready"
     return "Progressing"
+
+
+def kube_time(raw: object) -> datetime | None:
+    """A Kubernetes timestamp ("2026-12-06T08:00:00Z") as an aware datetime; None if unreadable."""
+    try:
+        at = datetime.fromisoformat(str(raw).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return at if at.tzinfo is not None else None

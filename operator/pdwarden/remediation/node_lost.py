@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
+from pdwarden.conditions import kube_time
+
 Obj = Mapping[str, Any]
 GATES_REASON: Final = "ReadinessGatesNotReady"  # the kubelet's reason while a gate holds a pod
 # A kubelet recomputes Ready within a status sync of a gate turning True; 30 s is many.
@@ -34,14 +36,6 @@ GATE_SETTLE_SECONDS: Final = 30.0
 def _conditions(pod: Obj) -> dict[str, Obj]:
     conds = (pod.get("status") or {}).get("conditions") or []
     return {str(c.get("type")): c for c in conds if isinstance(c, Mapping)}
-
-
-def _time(raw: object) -> datetime | None:
-    try:
-        at = datetime.fromisoformat(str(raw).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return at if at.tzinfo is not None else None
 
 
 def node_lost(pod: Obj, now: datetime) -> str | None:
@@ -58,7 +52,7 @@ def node_lost(pod: Obj, now: datetime) -> str | None:
     if any((conds.get(g) or {}).get("status") != "True" for g in gates):
         return None  # a gate holds it (pdwarden's cordon, or another controller's)
     if ready.get("reason") == GATES_REASON:
-        opened = [_time((conds.get(g) or {}).get("lastTransitionTime")) for g in gates]
+        opened = [kube_time((conds.get(g) or {}).get("lastTransitionTime")) for g in gates]
         if not opened or any(t is None for t in opened):
             return None
         latest = max(t for t in opened if t is not None)

@@ -19,6 +19,7 @@ from typing import Any
 
 from pdwarden.api import LedgerEntry, PDDeploymentSpec, PDDeploymentStatus
 from pdwarden.api.status import MAX_HISTORY
+from pdwarden.conditions import kube_time
 from pdwarden.constants import KIND, LABEL_ROLE, ROLE_PREFILL, WORKER_PORT
 from pdwarden.ownership import Workloads, owned_chain, selector
 from pdwarden.ports import KubeApi
@@ -179,7 +180,7 @@ class DeploymentKind:
                 continue
             if not str(c.get("message") or "").startswith(pod_condition.MESSAGE_PREFIX):
                 continue
-            since = _time(c.get("lastTransitionTime"))
+            since = kube_time(c.get("lastTransitionTime"))
             if since is None or _recorded(history, _name(pod), since):
                 continue
             if len(history) >= MAX_HISTORY and since < history[0].time:
@@ -208,14 +209,6 @@ class DeploymentKind:
             detection=detection, decision=decision, history=history, decodes=decodes, now=now,
             reset_at=reset_at, advisories=advisories,
         )  # fmt: skip
-
-
-def _time(raw: object) -> datetime | None:
-    try:
-        t = datetime.fromisoformat(str(raw).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return t if t.tzinfo is not None else None
 
 
 def _recorded(history: Sequence[LedgerEntry], pod: str, since: datetime) -> bool:
