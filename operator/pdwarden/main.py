@@ -135,12 +135,17 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
         while not stopped and not handlers.is_gone(memo.state, body):
             if gate.due(body):
                 gate.begin(body)
-                result = None
+                result, failed = None, 0.0
                 try:
                     result = await handlers.reconcile_now(memo.state, body, force_apply=False)
                 except kopf.TemporaryError as e:
                     logging.getLogger("pdwarden.main").warning("resync: %s", e)
+                    failed = e.delay or 0.0
                 gate.finished(body, result)
+                # A failed pass (the API server erring or throttling us) is tried again no
+                # sooner than kopf retries a failed handler: every second, a dozen writes a
+                # time, it was most of the load on a throttled level.
+                await stopped.wait(failed)
             await gate.wait(body)
         if handlers.is_gone(memo.state, body):  # deleted unseen by kopf: no delete handler
             handlers.forget(memo.state, body)

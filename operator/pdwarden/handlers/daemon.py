@@ -23,7 +23,7 @@ from pdwarden.api import RemediationStatus
 from pdwarden.api.base import StatusModel
 from pdwarden.api.status import MAX_HISTORY
 from pdwarden.constants import ANNOTATION_RESET_BREAKER, API_VERSION
-from pdwarden.k8s import ApiError
+from pdwarden.k8s import ApiError, throttled_budget
 from pdwarden.ports import AdminApi, CanaryApi, KubeApi, PairCanaryApi, WorkerApi
 from pdwarden.remediation import cycle
 from pdwarden.remediation.act.sglang_abort import PrefillAborter, SGLangAdmin
@@ -216,9 +216,11 @@ async def daemon_cycle(
             if idle is not None:
                 await idle()
             return IDLE_INTERVAL
+        every = float(spec.remediation.scrape_interval_seconds)
         async with state.lock_for(str(body["metadata"]["uid"])):
-            await record_cycle(state, body, spec)
-        return float(spec.remediation.scrape_interval_seconds)
+            with throttled_budget(every):  # refused writes fail in time for the next cycle
+                await record_cycle(state, body, spec)
+        return every
 
     return await contained(
         body, run, fallback=lambda: interval(body, parse), stage=stage, what=what,

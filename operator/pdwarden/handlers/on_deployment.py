@@ -23,7 +23,7 @@ from pdwarden import metrics
 from pdwarden.api import InvalidSpec, PDDeploymentSpec, PDDeploymentStatus, parse_spec
 from pdwarden.constants import KIND
 from pdwarden.handlers.daemon import daemon_cycle, names, tools_for, vanished
-from pdwarden.k8s import ApiError
+from pdwarden.k8s import ApiError, throttled_budget
 from pdwarden.ports import AdminApi, CanaryApi, KubeApi, PairCanaryApi, WorkerApi
 from pdwarden.reconciling.reconcile import OwnerGone, PassResult, TransientError, reconcile
 from pdwarden.remediation.act.sglang_abort import PrefillAborter
@@ -38,6 +38,11 @@ from pdwarden.tokens import TokenKey
 
 log = logging.getLogger("pdwarden.handlers.on_deployment")
 RETRY_DELAY = 5.0
+# A reconcile pass holds its deployment's lock, which the remediation cycle takes every
+# interval: a throttled pass waits out about one Retry-After (the API server asks 1-4 s), then
+# gives way and kopf runs it again after RETRY_DELAY (measured: with the whole call timeout,
+# a pass throttled for 15 s kept the cycle from judging a live wedge all that time).
+LOCKED_THROTTLE_BUDGET = 2.0
 
 
 @dataclass
@@ -90,22 +95,23 @@ async def reconcile_now(
         return PassResult(applied=[], status={})
     try:
         async with state.lock_for(uid):
-            # Read under the lock: the resync daemon's first pass waits here while kopf's
-            # create handler applies everything; it must not apply everything again.
-            first_time = uid not in state.known
-            previous = await state.statuses.current(body)
-            result = await reconcile(
-                state.client,
-                body,
-                force_apply=force_apply or first_time,
-                token_key=state.key.current() if state.key else None,
-                ensure_secrets=state.key.rotated_lately() if state.key else False,
-                previous=previous,
-                operator_namespace=state.operator_namespace,
-            )
-            if result.known is not None:
-                state.statuses.remember(uid, result.known)
-            state.known.add(uid)
+            with throttled_budget(LOCKED_THROTTLE_BUDGET):
+                # Read under the lock: the resync daemon's first pass waits here while kopf's
+                # create handler applies everything; it must not apply everything again.
+                first_time = uid not in state.known
+                previous = await state.statuses.current(body)
+                result = await reconcile(
+                    state.client,
+                    body,
+                    force_apply=force_apply or first_time,
+                    token_key=state.key.current() if state.key else None,
+                    ensure_secrets=state.key.rotated_lately() if state.key else False,
+                    previous=previous,
+                    operator_namespace=state.operator_namespace,
+                )
+                if result.known is not None:
+                    state.statuses.remember(uid, result.known)
+                state.known.add(uid)
     except OwnerGone as e:
         found_gone(state, body, str(e))
         return PassResult(applied=[], status={})

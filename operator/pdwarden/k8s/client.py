@@ -9,8 +9,14 @@ pod status patch, delete with a UID precondition, events) are spelled out in one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import math
+import random
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -18,6 +24,9 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
+from urllib3.util.retry import Retry
+
+from pdwarden.k8s.pacing import Pacer
 
 Obj = dict[str, Any]
 
@@ -44,15 +53,52 @@ MAX_REASON: Final = 1024
 # everything else too: a burst of reconcile passes (10 deployments created at once, ~15 calls
 # each) queued there for seconds before reaching the API server (issue 27, reconcile p99).
 API_THREADS: Final = 32
+# A request the API server turned away for load (429 with Retry-After: API Priority and
+# Fairness rejected it, or max-in-flight; it was never executed) is sent again after the pause
+# the server asks, as client-go does, while the call's own deadline allows. The pause is capped
+# and stretched by a random half, so the burst that overflowed a level (a reconcile pass
+# applies a dozen objects at once) comes back spread out instead of overflowing it again.
+THROTTLED_PAUSE_MAX: Final = 5.0
+THROTTLED_PAUSE_MIN: Final = 0.25  # no retry sooner than this after a refusal
+THROTTLED_TRIES: Final = 10
+
+
+# How long a call may spend waiting out throttled answers where its caller keeps a clock (a
+# remediation cycle: its interval, so that a throttled write fails in time for the next cycle
+# to scrape and judge again, its entries carried). Unset: the call's whole timeout.
+_THROTTLED_BUDGET: ContextVar[float | None] = ContextVar("throttled_budget", default=None)
+
+
+@contextlib.contextmanager
+def throttled_budget(seconds: float) -> Iterator[None]:
+    """Calls made inside (this task and those it starts) wait out throttling `seconds` at most."""
+    token = _THROTTLED_BUDGET.set(seconds)
+    try:
+        yield
+    finally:
+        _THROTTLED_BUDGET.reset(token)
+
+
+def transport_retries() -> Retry:
+    """urllib3's own retries, as its default (3) for a connection that fails, but not of a
+    throttled answer: by default it honours Retry-After itself, in lockstep and holding a
+    worker thread, so a refused burst came back all at once and was refused again."""
+    return Retry(3, respect_retry_after_header=False)
 
 
 class ApiError(Exception):
     """An API call failed; `status` is the HTTP status (0 for transport errors or timeouts)."""
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, retry_after: float | None = None) -> None:
         super().__init__(f"{status}: {reason}" if status else reason)
         self.status = status
         self.reason = reason
+        self.retry_after = retry_after  # seconds the server asked to wait (its Retry-After)
+
+    @property
+    def throttled(self) -> bool:
+        """Turned away for load before it ran, and asked to come back (safe to send again)."""
+        return self.status == 429 and self.retry_after is not None
 
     @property
     def transient(self) -> bool:
@@ -75,6 +121,15 @@ def resource_path(
     return path
 
 
+def _retry_after(e: ApiException) -> float | None:
+    """The Retry-After header in seconds (the API server sends whole seconds), if any."""
+    value = (e.headers or {}).get("Retry-After")
+    try:
+        return min(max(float(value), 0.0), THROTTLED_PAUSE_MAX) if value else None
+    except ValueError:  # an HTTP date: not what the API server sends; pause the most
+        return THROTTLED_PAUSE_MAX
+
+
 def _message(e: ApiException) -> str:
     try:
         body = json.loads(e.body or "{}")
@@ -90,9 +145,11 @@ class KubeClient:
     timeout: float = DEFAULT_TIMEOUT
     threads: int = API_THREADS
     _pool: ThreadPoolExecutor = field(init=False, repr=False)
+    _pacer: Pacer = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kube-api")
+        self._pacer = Pacer(self.threads)
 
     @classmethod
     def from_environment(cls) -> KubeClient:
@@ -103,6 +160,7 @@ class KubeClient:
             k8s_config.load_kube_config()  # type: ignore[no-untyped-call]
         config = k8s.Configuration.get_default_copy()
         config.connection_pool_maxsize = API_THREADS  # one connection per thread: no waiting
+        config.retries = transport_retries()
         return cls(k8s.ApiClient(config))
 
     async def _call(
@@ -112,8 +170,14 @@ class KubeClient:
         body: Any = None,
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
+        *,
+        retry_throttled: bool = True,
     ) -> Obj:
-        def call() -> Obj:
+        """One API call under `timeout` (+2 s for the worker thread), throttled answers tried
+        again inside it (`retry_throttled`; off where a 429 is itself the answer: evictions),
+        no later than the caller's `throttled_budget`."""
+
+        def call(budget: float) -> Obj:
             method_, url, headers, body_, post = self.api.param_serialize(
                 method,
                 path,
@@ -124,7 +188,7 @@ class KubeClient:
             )
             resp = self.api.call_api(
                 method_, url, header_params=headers, body=body_, post_params=post,
-                _request_timeout=self.timeout,
+                _request_timeout=budget,
             )  # fmt: skip
             resp.read()  # type: ignore[no-untyped-call]
             if not 200 <= resp.status < 300:
@@ -132,11 +196,41 @@ class KubeClient:
             data = json.loads(resp.data or b"{}")
             return data if isinstance(data, dict) else {}
 
+        deadline = time.monotonic() + self.timeout
+        retry_until = time.monotonic() + min(self.timeout, _THROTTLED_BUDGET.get() or math.inf)
+        for attempt in range(1, THROTTLED_TRIES + 1):
+            if not await self._pacer.acquire(retry_until):
+                raise ApiError(429, f"{method} {path}: not sent, the API server is throttling us")
+            try:
+                result = await self._once(call, deadline - time.monotonic(), method, path)
+            except ApiError as e:
+                if e.throttled:
+                    self._pacer.refused()
+                if not (retry_throttled and e.throttled) or attempt == THROTTLED_TRIES:
+                    raise
+                # As long as asked (spread by up to half again), or, where the caller cannot
+                # wait that long, what it can spare: one more try, paced, before giving up.
+                asked = (e.retry_after or 0.0) * random.uniform(1.0, 1.5)
+                pause = min(asked, retry_until - time.monotonic() - THROTTLED_PAUSE_MIN)
+                if pause < THROTTLED_PAUSE_MIN:
+                    raise
+            else:
+                self._pacer.answered()
+                return result
+            finally:
+                self._pacer.release()
+            await asyncio.sleep(pause)
+        raise AssertionError("unreachable: the last try raises or returns")
+
+    async def _once(
+        self, call: Callable[[float], Obj], budget: float, method: str, path: str
+    ) -> Obj:
+        """One try of `call` on the pool, its errors as ApiError."""
         try:
-            running = asyncio.get_running_loop().run_in_executor(self._pool, call)
-            return await asyncio.wait_for(running, self.timeout + 2)
+            running = asyncio.get_running_loop().run_in_executor(self._pool, call, budget)
+            return await asyncio.wait_for(running, budget + 2)
         except ApiException as e:
-            raise ApiError(int(e.status or 0), _message(e)) from None
+            raise ApiError(int(e.status or 0), _message(e), _retry_after(e)) from None
         except (TimeoutError, OSError, HTTPError) as e:
             # HTTPError: urllib3's MaxRetryError and friends when the API server is down; they
             # are not OSErrors, and must read as "unreachable" (status 0), never escape.

@@ -42,6 +42,7 @@ async def _request(
     body: Obj | None,
     *,
     content_type: str = "application/json",
+    retry_throttled: bool = True,
 ) -> Obj:
     """One call with its own deadline (the request timeout; +2 s for the worker thread).
 
@@ -51,7 +52,9 @@ async def _request(
     """
     bounded = dataclasses.replace(client, timeout=deadline)
     try:
-        return await bounded._call(method, path, body=body, content_type=content_type)
+        return await bounded._call(
+            method, path, body=body, content_type=content_type, retry_throttled=retry_throttled
+        )
     except HTTPError as e:
         raise ApiError(0, f"{method} {path}: {type(e).__name__}: {e}") from None
 
@@ -127,9 +130,10 @@ async def evict_pod(
         "deleteOptions": {"preconditions": {"uid": uid}},
     }
     try:
-        await _request(
-            client, deadline, "POST", resource_path("v1", "Pod", namespace, name, "eviction"), body
-        )
+        await _request(  # its 429 is the disruption budget's answer: returned, not retried
+            client, deadline, "POST", resource_path("v1", "Pod", namespace, name, "eviction"),
+            body, retry_throttled=False,
+        )  # fmt: skip
     except ApiError as e:
         outcome = eviction_outcome(e.status, e.reason)
         if outcome.result == "Failed":
