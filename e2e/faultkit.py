@@ -1,6 +1,6 @@
 """What the control-plane fault tests (e2e/tests/test_control_plane_faults.py) need besides the
 shared fixtures: a direct reader of the API, etcd's own compaction, and the operator's identity
-throttled by API Priority and Fairness.
+throttled by API Priority and Fairness, beside a neighbour that can take every seat it has.
 
 Why apart: a fault test times recoveries to a second or better, and a `kubectl` process per poll
 costs half of that on a loaded 2-core box; the reader polls over one HTTPS connection per call

@@ -55,6 +55,7 @@ from e2e.tests.test_remediation_scenarios import env, worker_pid
 
 from pdwarden.constants import CONDITION_SERVING, LABEL_DEPLOYMENT, WORKER_PORT
 from pdwarden.handlers.on_deployment import RETRY_DELAY
+from pdwarden.k8s.client import DEFAULT_TIMEOUT
 from pdworker.contract import DECODE_PREALLOC_QUEUE, DECODE_RUNNING, DECODE_TRANSFER_QUEUE
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -382,6 +383,15 @@ def test_etcd_paused_errors_contained_and_no_stale_action(world: World) -> None:
             )
             os.kill(worker, signal.SIGKILL)
             alive_for(w, max(ETCD_PAUSE - (seen - paused), STALE_BY))
+            # And until a call has failed for it: one made late in the pause is answered
+            # when etcd returns unless its timeout (15 s) comes first (measured: the Event
+            # posted as the wedge was seen, 7.7 s into a 20 s pause, was then answered).
+            wait(
+                "a call failed for the pause, counted",
+                lambda: grown(errors0, errors_by_stage(w.op)),
+                DEFAULT_TIMEOUT + 5,
+                every=0.5,
+            )
         finally:
             w.local.resume("etcd")
     finally:
