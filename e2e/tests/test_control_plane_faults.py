@@ -542,8 +542,12 @@ def test_operator_throttled_by_priority_and_fairness(world: World) -> None:
         loader = stall_and_load(w, victim, "--requests", "16", "--timeout", "60")
         try:
             path = BALLAST_PATH.format(ns=identity.namespace)
+            neighbour = identity.neighbour_schema
             with SeatHolder(w.reader, token, path, seats) as holder:
-                holder.hold()
+                try:
+                    holder.hold(lambda: identity.executing_seats(w.reader, neighbour))
+                except AssertionError as e:
+                    raise AssertionError(f"{e}; level {identity.level(w.reader)}") from None
                 held, before = time.monotonic(), identity.requests(w.reader)
                 seen0 = w.op.metric(WEDGES_SEEN)
                 generation = change_spec(w)
