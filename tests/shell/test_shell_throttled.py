@@ -151,3 +151,12 @@ def test_a_caller_on_a_clock_waits_out_throttling_no_longer_than_its_budget(
     times = [t for t, _, _ in state.seen]
     assert len(times) == 2, state.seen
     assert THROTTLED_PAUSE_MIN <= times[1] - times[0] < 1.0
+
+
+def test_a_client_with_another_timeout_shares_the_threads_and_the_pacing() -> None:
+    """The foreign verbs (a PDRemediationPolicy's label and eviction) give each call its own
+    deadline: the client they use then is the operator's, paced with every other call."""
+    base = client("http://127.0.0.1:9", timeout=15)
+    bounded = base.within(3)
+    assert bounded.timeout == 3 and base.timeout == 15
+    assert bounded._pool is base._pool and bounded._pacer is base._pacer

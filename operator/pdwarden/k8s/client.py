@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import math
 import random
@@ -162,6 +163,13 @@ class KubeClient:
         config.connection_pool_maxsize = API_THREADS  # one connection per thread: no waiting
         config.retries = transport_retries()
         return cls(k8s.ApiClient(config))
+
+    def within(self, seconds: float) -> KubeClient:
+        """This client with another timeout, sharing its threads and its pacing (a copy made
+        with dataclasses.replace had a pool and a pacer of its own, so its calls escaped both)."""
+        other = copy.copy(self)
+        other.timeout = seconds
+        return other
 
     async def _call(
         self,

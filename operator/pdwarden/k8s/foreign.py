@@ -50,7 +50,7 @@ async def _request(
     read timeout), which KubeClient does not translate; they become ApiError(0) here so that a
     down or hung API server is a transient error like any other transport failure.
     """
-    bounded = dataclasses.replace(client, timeout=deadline)
+    bounded = client.within(deadline)
     try:
         return await bounded._call(
             method, path, body=body, content_type=content_type, retry_throttled=retry_throttled
