@@ -51,8 +51,8 @@ def test_a_call_waits_for_a_free_slot_and_gives_up_at_its_deadline() -> None:
         assert await pacer.acquire(time.monotonic() + 1)
         gave_up = not await pacer.acquire(time.monotonic() + 0.05)
         waiter = asyncio.create_task(pacer.acquire(time.monotonic() + 5))
-        await asyncio.sleep(0)
-        assert not waiter.done()
+        await asyncio.sleep(0)  # one turn of the loop: the new task runs up to its first wait
+        assert len(pacer._waiting) == 1 and not waiter.done()
         pacer.release()  # the first call answered: the waiter goes
         return gave_up, await waiter, pacer.running
 
