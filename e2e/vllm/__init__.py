@@ -56,9 +56,8 @@ def venv_ready(venv: Path | None = None) -> bool:
 
 
 def ensure_venv(timeout: float = 3600) -> Path:
-    """Build (or reuse) the venv; raise RuntimeError with the build's tail if it fails."""
-    if venv_ready():
-        return venv_dir()
+    """Build (or reuse) the venv; raise RuntimeError with the build's tail if it fails. The
+    script runs even for a finished venv: it refreshes the CPU-box shims there (a second)."""
     out = subprocess.run(
         [str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=timeout, check=False
     )

@@ -26,16 +26,18 @@ here=$(cd "$(dirname "$0")" && pwd)
 cache=${PDWARDEN_CACHE:-$HOME/.cache/pdwarden}
 venv=$cache/vllm-$VLLM_VERSION-torch-$TORCH_VERSION-nixl-$NIXL_VERSION
 done_marker=$venv/.pdwarden-complete
-hook=$here/nixl_progress_delay.py
-
-# The opt-in NIXL progress-thread delay (see nixl_progress_delay.py), imported by a .pth line at
-# interpreter start; refreshed whenever the repository's copy changes, without a rebuild.
+# Opt-in shims for a CPU box, each imported by a .pth line at interpreter start and refreshed
+# whenever the repository's copy changes, without a rebuild: the NIXL progress-thread delay
+# (nixl_progress_delay.py) and the NIXL worker's core pinning kept off (keep_affinity.py).
+hooks=(nixl_progress_delay keep_affinity)
 install_hook() {  # venv
-  local site
+  local site name
   site=$(echo "$1"/lib/python3.*/site-packages)
-  cmp -s "$hook" "$site/pdwarden_nixl_progress_delay.py" && return 0
-  install -m 0644 "$hook" "$site/pdwarden_nixl_progress_delay.py"
-  echo "import pdwarden_nixl_progress_delay" >"$site/pdwarden_nixl_progress_delay.pth"
+  for name in "${hooks[@]}"; do
+    cmp -s "$here/$name.py" "$site/pdwarden_$name.py" && continue
+    install -m 0644 "$here/$name.py" "$site/pdwarden_$name.py"
+    echo "import pdwarden_$name" >"$site/pdwarden_$name.pth"
+  done
 }
 
 if [ -e "$done_marker" ] && [ -x "$venv/bin/vllm" ]; then

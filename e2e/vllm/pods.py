@@ -3,7 +3,8 @@
 Why: the vLLM tier deploys stock `vllm/vllm-openai` pods (the local kubelet runs them from the
 cached CPU venv) that pdwarden renders itself, with its router in vLLM mode. The pods get what
 only a CPU box needs (float32, eager mode, a 1 GiB KV
-cache, cpu KV buffers, no CPU pinning, offline hub, the NIXL progress-thread delay) from here,
+cache, cpu KV buffers, no CPU pinning (vLLM's OpenMP binding off, its NIXL worker's core pinning
+kept off by keep_affinity.py), offline hub, the NIXL progress-thread delay) from here,
 never from what pdwarden renders for GPU clusters; the model is the tiny one made at test time.
 The startup window fits a cold start on two busy cores (measured 1.5-7 min for the pair).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from e2e.vllm import OFFLINE_ENV
+from e2e.vllm.keep_affinity import ENV as KEEP_AFFINITY_ENV
 from e2e.vllm.nixl_progress_delay import ENV as PROGRESS_DELAY_ENV
 from pdwarden.constants import API_VERSION, KIND, WORKER_PORT
 
@@ -28,6 +30,7 @@ CPU_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB: the smallest it takes
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     PROGRESS_DELAY_ENV: PROGRESS_DELAY_US,
+    KEEP_AFFINITY_ENV: "1",  # both engines' model threads on one core starve each other
     **OFFLINE_ENV,
 }
 STARTUP_SECONDS = 1200  # both pods Ready: measured 1.5-7 min, with room to spare
