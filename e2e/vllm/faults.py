@@ -65,16 +65,10 @@ def kill_engine(uid: str) -> list[int]:
     return engine
 
 
-# Pods whose engine a test froze on purpose: their logs are never read as the engine hanging
-# on its own (fixtures.engine_hang).
-FROZEN: set[str] = set()
-
-
 def freeze_engine(uid: str) -> list[int]:
     """SIGSTOP the pod's engine processes (every member but the API server, the group leader);
     returns their pids. AssertionError if the pod has no engine process to freeze."""
     engine = engine_processes(uid)
-    FROZEN.add(uid)
     for pid in engine:
         os.kill(pid, signal.SIGSTOP)
     return engine

@@ -9,12 +9,12 @@ the reason.
 The pair's start-up time is printed for the tier's cost accounting.
 
 Before any scenario, the pair must move KV: PREFLIGHT_ROUNDS rounds of PREFLIGHT_CONCURRENT PD
-requests sent straight to the pods (stock vLLM, no router of ours). On some of these shared
-machines stock vLLM 0.32 + NIXL 1.5.1 on CPU hangs there: the decode's worker blocks in UCX
-while it connects to or reads from the prefill, and stays blocked until the prefill goes; we saw
-it with pdwarden's canaries off, without our NIXL progress-delay hook, with UCX_TLS=tcp,self and
-with UCX_NET_DEVICES=lo. Every scenario would then fail for the engine, not for pdwarden, so the
-tier is skipped with that reason, loudly. The policy tier's own pair gets the same pre-flight.
+requests sent straight to the pods (stock vLLM, no router of ours). A pair that cannot is the
+rig's fault, never pdwarden's, and every scenario would fail for it in its own way: the tier
+errors at once, naming the round and the first failure. Such a pair was seen on these machines
+until 2026-12-06: vLLM's NIXL worker pinned both engines' model threads to the same core, where
+they starved each other (0-1.6 tokens/s, steps stalled 20-40 s); the pods now keep it off
+(keep_affinity.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import pytest
 
 from e2e.fixtures import Cluster, OperatorProcess, create_namespace, release_pddeployments
 from e2e.pdtools import apply, pods, router_url, wait_ready
-from e2e.vllm import cache_root, ensure_venv, faults
+from e2e.vllm import cache_root, ensure_venv
 from e2e.vllm.client import pd_complete
 from e2e.vllm.pods import STARTUP_SECONDS, pd_deployment
 from e2e.vllm.tinymodel import ensure_model
@@ -90,58 +90,6 @@ def vllm_model() -> VllmModel:
 
 
 PREFLIGHT_ROUNDS, PREFLIGHT_CONCURRENT, PREFLIGHT_SECONDS = 8, 3, 45
-# What stock vLLM's EngineCore logs when its own workers gave it no answer for 60 s: the engine
-# hung by itself (on this machine: in NIXL/UCX). A pre-flight that passes does not rule it out
-# for the rest of the tier, so a test of the tier that fails looks for it (`pytest_runtest_
-# makereport` below), waiting up to HANG_WAIT_SECONDS for the line to be written.
-HANG_SIGNATURE = "No available shared memory broadcast block found"
-HANG_WAIT_SECONDS = 75.0
-
-
-def engine_hang(cluster: Cluster, namespace: str) -> str:
-    """Where stock vLLM logged its own engine hanging in `namespace` ("" if it never did),
-    leaving out pods whose engine a test froze on purpose (faults.FROZEN)."""
-    root = Path(cluster.kubeconfig).parent / "kubelet" / "pods" / namespace
-    for log in sorted(root.glob("*/*/logs/*/*.log")):  # <pod>/<uid>/logs/<container>/<n>.log
-        if log.parents[2].name in faults.FROZEN:
-            continue
-        with log.open(errors="replace") as f:
-            for line in f:
-                if HANG_SIGNATURE in line:
-                    return f"{log.parents[3].name}: {line.strip()[:240]}"
-    return ""
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """A failed test of the vLLM tier, where stock vLLM's engine hung by itself in that pair, is
-    reported skipped with the engine's own log line: the same verdict as a failed pre-flight.
-    On a machine where vLLM does not hang, a failure stays a failure (HANG_WAIT_SECONDS later)."""
-    outcome = yield
-    report = outcome.get_result()  # type: ignore[attr-defined]
-    if call.when != "call" or not report.failed:
-        return
-    funcargs = getattr(item, "funcargs", {})
-    tier = funcargs.get("vllm_pd") or funcargs.get("foreign")
-    namespace = getattr(tier, "namespace", None) or getattr(tier, "ns", None)
-    if tier is None or not namespace:
-        return
-    try:
-        deadline = time.monotonic() + HANG_WAIT_SECONDS
-        while not (hung := engine_hang(tier.cluster, namespace)) and time.monotonic() < deadline:
-            time.sleep(5)
-    except Exception as exc:  # never turn a failure into an internal error
-        print(f"[vllm] could not read the pair's logs: {exc!r}", file=sys.stderr)
-        return
-    if hung:
-        report.outcome = "skipped"
-        report.longrepr = (
-            str(item.path), item.location[1] or 0,
-            f"Skipped: stock vLLM's engine hung by itself during this tier ({hung}); a pair whose "
-            "engine hangs on its own tells nothing of pdwarden (see e2e/vllm/fixtures.py)",
-        )  # fmt: skip
-        print(f"[vllm] {item.name}: failed on a pair whose engine hung by itself: {hung}",
-              file=sys.stderr)  # fmt: skip
 
 
 def preflight(prefill: str, decode: str) -> str:
@@ -165,9 +113,9 @@ def preflight(prefill: str, decode: str) -> str:
         failures += ["no answer at all"] * sum(t.is_alive() for t in threads)
         if failures:
             return (
-                f"stock vLLM's PD path hangs on this machine: in round {r + 1} of "
-                f"{PREFLIGHT_ROUNDS}, {len(failures)} of {PREFLIGHT_CONCURRENT} requests sent "
-                f"straight to the pods failed ({failures[0]}); see e2e/vllm/fixtures.py"
+                f"the stock vLLM pair cannot move KV: in round {r + 1} of {PREFLIGHT_ROUNDS}, "
+                f"{len(failures)} of {PREFLIGHT_CONCURRENT} PD requests sent straight to the pods "
+                f"failed ({failures[0]}); see e2e/vllm/fixtures.py"
             )
     return ""
 
@@ -187,10 +135,9 @@ def vllm_pd(
         wait_ready(cluster, ns, {"prefill": "1/1", "decode": "1/1"}, STARTUP_SECONDS, NAME)
         pd = VllmPD(cluster, ns, operator, time.monotonic() - t0)
         print(f"[vllm] pair Ready in {pd.started_seconds:.0f}s (namespace {ns})", file=sys.stderr)
-        hung = preflight(pd.ip("prefill"), pd.ip("decode"))
-        if hung:
-            print(f"[vllm] SKIPPING the pair tier: {hung}", file=sys.stderr, flush=True)
-            pytest.skip(hung)
+        broken = preflight(pd.ip("prefill"), pd.ip("decode"))
+        if broken:
+            pytest.fail(broken, pytrace=False)
         yield pd
     finally:
         operator.stop()
