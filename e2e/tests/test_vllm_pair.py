@@ -35,6 +35,7 @@ because vLLM's setproctitle hides the kubelet's env marker of its engine process
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -48,9 +49,21 @@ from e2e.pdtools import status, wait_ready
 from e2e.vllm.client import PREFILL_PARAMS, metric, pd_complete, url
 from e2e.vllm.faults import engine_processes, freeze_engine, kill_engine, thaw
 from e2e.vllm.fixtures import LEG, QUIET, RESTART_AFTER, SCRAPE, WEDGE_AFTER, VllmPD
-from e2e.vllm.pods import KV_LEASE_SECONDS, SERVED_NAME, SIDE_CHANNEL_PORT, STARTUP_SECONDS
+from e2e.vllm.pods import (
+    HTTP_PORT,
+    KV_LEASE_SECONDS,
+    SERVED_NAME,
+    SIDE_CHANNEL_PORT,
+    STARTUP_SECONDS,
+)
 
+from pdwarden.engines import COUNTER_FIELDS
+from pdwarden.engines.vllm import PAIR_CANARY
 from pdwarden.remediation.confirm.canary import CANARY_SECONDS
+from pdwarden.remediation.confirm.pair_canary import PairCanarySender
+from pdwarden.remediation.scrape.samples import parse_metrics
+from pdwarden.remediation.scrape.worker_client import WorkerClient
+from pdwarden.values import Target
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.vllm]
 XFERS = "vllm:nixl_xfer_time_seconds_count"
@@ -107,6 +120,54 @@ def test_metrics_the_vllm_adapter_reads_exist_with_engine_and_model_labels(
             metric(ip, name, **labels)  # fails when the series or its labels are missing
     decode = vllm_pd.ip("decode")
     assert metric(decode, "vllm:num_requests_kv_fetch_by_stage", stage="in_progress") == 0
+
+
+def _counters(ip: str, pod: str) -> dict[str, float]:
+    """The pod's counters as the vLLM adapter reads them (engines.COUNTER_FIELDS)."""
+    with urllib.request.urlopen(f"http://{ip}:{HTTP_PORT}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    sample = parse_metrics(text, 0.0, "vllm")
+    return {f: float(v) for f in COUNTER_FIELDS if (v := getattr(sample, f)) is not None}
+
+
+def test_a_pair_canary_moves_the_pairs_counters_by_exactly_what_pdwarden_subtracts(
+    vllm_pd: VllmPD,
+) -> None:
+    """Canaries are traffic: detection subtracts what each one adds to a pod's counters
+    (`engines.vllm.PAIR_CANARY.effects`), so a frozen pod plus canaries is still frozen and a
+    decode that recomputes every prompt still shows it. Held here to the real pair: one canary
+    sent with pdwarden's own sender, every counter of both pods read before and after, in a
+    quiet moment (no client traffic; retried when the operator's own canary came between)."""
+    pods = {role: (vllm_pd.ip(role), vllm_pd.pod(role)["metadata"]["name"])
+            for role in ("prefill", "decode")}  # fmt: skip
+    targets = {role: Target(name, "uid", role, ip, HTTP_PORT, engine="vllm")
+               for role, (ip, name) in pods.items()}  # fmt: skip
+
+    async def one() -> str:
+        client = WorkerClient()
+        try:
+            res = await PairCanarySender(client, client).pair(
+                targets["prefill"], targets["decode"], PAIR_CANARY, deadline=LEG
+            )
+        finally:
+            await client.close()
+        return res.outcome
+
+    deltas: dict[str, dict[str, float]] = {}
+    for _ in range(6):
+        theirs = vllm_pd.operator.metric("pdwarden_pair_canaries_total")
+        before = {role: _counters(ip, name) for role, (ip, name) in pods.items()}
+        assert asyncio.run(one()) == "decoded"
+        after = {role: _counters(ip, name) for role, (ip, name) in pods.items()}
+        if vllm_pd.operator.metric("pdwarden_pair_canaries_total") == theirs:
+            deltas = {role: {f: after[role][f] - before[role].get(f, 0.0)
+                             for f in after[role] if after[role][f] != before[role].get(f)}
+                      for role in pods}  # fmt: skip
+            break
+    print(f"\n[vllm] one pair canary moved: {deltas}", flush=True)
+    assert deltas, "every try had an operator canary in between"
+    for role in pods:
+        assert deltas[role] == PAIR_CANARY.effects[role], role
 
 
 def canary_reads(vllm_pd: VllmPD) -> float:
@@ -208,15 +269,22 @@ def test_requests_that_skip_the_prefill_are_reported_as_disaggregation_off(
         assert code == 200, answer
         sent += 1
     found = time.monotonic() - start
-    events = json.loads(
-        vllm_pd.cluster.kubectl(
-            "get", "events", "-n", ns, "--field-selector", "reason=WedgeDetected", "-o", "json"
-        ).stdout
-    )  # fmt: skip
-    mine = [e["message"] for e in events["items"]
-            if e["message"].startswith(f"PromptsRecomputed on {name}: ")]  # fmt: skip
+
+    def announced() -> list[str]:
+        events = json.loads(
+            vllm_pd.cluster.kubectl(
+                "get", "events", "-n", ns, "--field-selector", "reason=WedgeDetected", "-o", "json"
+            ).stdout
+        )  # fmt: skip
+        return [e["message"] for e in events["items"]
+                if e["message"].startswith(f"PromptsRecomputed on {name}: ")]  # fmt: skip
+
+    # The counter moves when the finding is made; its Event is posted right after, by the API.
+    vllm_pd.cluster.wait_until("the PromptsRecomputed Event", announced, timeout=30)
+    op.wait_cycles(2)  # and not posted again by the cycles that see it still
+    mine = announced()
     assert len(mine) == 1, mine
-    assert "none arrived by KV transfer" in mine[0]
+    assert "arrived by KV transfer" in mine[0]
     assert len(_history(vllm_pd)) == actions0, "acted on a decode that answers every request"
     # PD again through the router: the decode's KV arrives, and the finding clears.
     _complete(vllm_pd.router, 4)

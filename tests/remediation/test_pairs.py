@@ -186,3 +186,42 @@ def test_organic_leaves_samples_before_a_canary_and_gauges_alone() -> None:
     out = organic(raw, [(2.0, {"generated_tokens": 1.0, "running": 5.0})])
     assert [s.generated_tokens for s in out] == [10.0, 10.0]
     assert [s.running for s in out] == [2.0, 2.0]  # not a counter: never touched
+
+
+def _transferred(steps: list[float], start: float = 100.0) -> list[Sample]:
+    """A decode's transferred prompt tokens over samples 5 s apart: `steps` added at each."""
+    total, out = 1000.0, []
+    for i, step in enumerate(steps):
+        total += step
+        out.append(Sample(at=start + 5 * i, transferred_tokens=total))
+    return out
+
+
+def _values(samples: tuple[Sample, ...]) -> list[float | None]:
+    return [s.transferred_tokens for s in samples]
+
+
+def test_a_canarys_increments_shown_a_scrape_late_or_in_pieces_never_read_as_movement() -> None:
+    """Measured on the real vLLM pair under load: a canary that ended before a scrape was not yet
+    in that scrape's counters, and its 32 prompt tokens showed as 30, then 2. Taken off when it
+    ended, the counter dipped and came back: movement, which hid a decode recomputing every
+    prompt (PromptsRecomputed needs the transferred tokens flat for the whole window)."""
+    effect = {"transferred_tokens": 32.0}
+    late = _transferred([0, 0, 0, 32, 0, 0])  # ended before sample 2, shown at sample 3
+    assert set(_values(organic(late, [(late[2].at - 1.0, effect)]))) == {1000.0}
+    pieces = _transferred([0, 0, 30, 2, 0, 0])
+    assert set(_values(organic(pieces, [(pieces[2].at - 1.0, effect)]))) == {1000.0}
+    two = _transferred([0, 32, 0, 32, 0, 0])  # two canaries, shown at once: as before
+    fixed = organic(two, [(two[1].at - 0.5, effect), (two[3].at - 0.5, effect)])
+    assert set(_values(fixed)) == {1000.0}
+
+
+def test_an_increment_a_canary_never_made_hides_the_pods_own_work_for_seconds_at_most() -> None:
+    """A canary whose increments never show up owes nothing after memory.SETTLE_SECONDS: the
+    pod's own later transfer reads as movement; and a counter reset (a new process) always does."""
+    effect = {"transferred_tokens": 32.0}
+    own = _transferred([0, 0, 0, 0, 0, 32])  # canary ended before sample 1, shown never
+    assert _values(organic(own, [(own[1].at - 1.0, effect)]))[-1] == 1032.0
+    reset = _transferred([0, 0, -1000, 0, 0, 0])
+    values = _values(organic(reset, [(reset[1].at - 1.0, effect)]))
+    assert values[2] is not None and values[1] is not None and values[2] < values[1]

@@ -179,7 +179,9 @@ METRICS: Final = MetricTable(
 # do_remote_decode keeps the blocks), its answer's kv_transfer_params go to the decode, which
 # pulls the KV (one NIXL READ) and answers. What one canary of _PROMPT adds (v1/metrics/
 # loggers.py:1262-1290, stats.py:516): on each side the prompt tokens, one generated token and one
-# finished request; on the decode one finished read (nixl/base_worker.py:3086).
+# finished request; on the prefill the prompt computed there (prompt_tokens_by_source
+# local_compute), on the decode one finished read (nixl/base_worker.py:3086) and the prompt's KV
+# by transfer. Measured on the real pair by e2e/tests/test_vllm_pair.py, counter by counter.
 # Two full KV blocks of token ids (vLLM's default block is 16), like a short real prompt.
 _PROMPT: Final = tuple(range(1, 33))
 PAIR_CANARY: Final = PairCanary(
@@ -189,7 +191,8 @@ PAIR_CANARY: Final = PairCanary(
     }},
     carried="kv_transfer_params",
     effects={
-        "prefill": {"prefill_tokens": len(_PROMPT), "generated_tokens": 1, "completed": 1},
+        "prefill": {"prefill_tokens": len(_PROMPT), "generated_tokens": 1, "completed": 1,
+                    "recomputed_tokens": len(_PROMPT)},
         "decode": {"prefill_tokens": len(_PROMPT), "generated_tokens": 1, "completed": 1,
                    "kv_transfers": 1, "transferred_tokens": len(_PROMPT)},
     },

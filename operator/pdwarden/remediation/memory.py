@@ -30,6 +30,9 @@ STALE_AFTER_INTERVALS: Final = 2.5
 WORKER_ROLES: Final = (ROLE_PREFILL, ROLE_DECODE)
 # Canary effects kept per pod: more than fit in a history window at the shortest canary period.
 MAX_CANARY_EFFECTS: Final = 256
+# How long after a canary ended its increments may still show up in a pod's counters
+# (`organic`): two scrapes at the default interval.
+SETTLE_SECONDS: Final = 10.0
 
 
 @dataclass(frozen=True)
@@ -180,23 +183,64 @@ def organic(
 ) -> tuple[Sample, ...]:
     """The samples as the pod's own work moved them: every counter less what the canaries sent
     through it had added by then. Canaries are traffic pdwarden sent itself; subtracted here,
-    no rule can ever read one as progress (a frozen pod plus canaries is still a frozen pod)."""
+    no rule can ever read one as progress (a frozen pod plus canaries is still a frozen pod).
+
+    A canary's increments are taken off from the first sample that shows them, not from the
+    moment it ended: an engine may publish them a scrape later or in pieces (measured on the real
+    vLLM pair under load: a canary's 32 transferred prompt tokens seen as 30, then 2), and taking
+    them off early makes the counter dip and come back, which reads as movement (it hid a decode
+    that recomputed every prompt for minutes). What a counter rose by, up to what canaries still
+    owe it, is theirs; what they owe and nothing showed within SETTLE_SECONDS is forgotten, so an
+    increment that never comes cannot hide the pod's own progress for longer than that."""
     if not effects:
         return tuple(samples)
+    ordered = sorted(effects, key=lambda e: e[0])
+    names = sorted({n for _, e in ordered for n in e if n in COUNTER_FIELDS})
+    columns = {
+        name: _organic_counter(
+            [(s.at, getattr(s, name)) for s in samples],
+            [(at, e[name]) for at, e in ordered if name in e],
+        )
+        for name in names
+    }
     out = []
-    for s in samples:
-        total: dict[str, float] = {}
-        for at, effect in effects:
-            if at <= s.at:
-                for name, amount in effect.items():
-                    total[name] = total.get(name, 0.0) + amount
-        changes = {
-            name: getattr(s, name) - amount
-            for name, amount in total.items()
-            if name in COUNTER_FIELDS and getattr(s, name) is not None
-        }
+    for i, s in enumerate(samples):
+        changes: dict[str, Any] = {n: v for n in names if (v := columns[n][i]) is not None}
         out.append(replace(s, **changes) if changes else s)
     return tuple(out)
+
+
+def _organic_counter(
+    values: Sequence[tuple[float, float | None]], effects: Sequence[tuple[float, float]]
+) -> list[float | None]:
+    """One counter's organic values (see `organic`); `effects` (end time, amount) in time order."""
+    out: list[float | None] = []
+    owed: list[list[float]] = []  # [end time, amount not yet seen]
+    taken = 0.0
+    last: float | None = None
+    j = 0
+    for at, raw in values:
+        while j < len(effects) and effects[j][0] <= at:
+            owed.append([effects[j][0], effects[j][1]])
+            j += 1
+        if raw is None:
+            out.append(None)
+            continue
+        if last is None:  # the first sample: whatever ended before it shifts every sample alike
+            take = sum(o[1] for o in owed)
+        else:
+            owed = [o for o in owed if at - o[0] <= SETTLE_SECONDS]
+            take = min(sum(o[1] for o in owed), max(raw - taken - last, 0.0))
+        taken += take
+        while take > 0 and owed:
+            used = min(take, owed[0][1])
+            owed[0][1] -= used
+            take -= used
+            if owed[0][1] <= 0:
+                owed.pop(0)
+        last = raw - taken
+        out.append(last)
+    return out
 
 
 def is_stale(pm: PodMemory, mono: float, interval: float) -> bool:
