@@ -210,7 +210,7 @@ def test_a_decode_that_recomputes_every_prompt_is_reported_and_not_healthy() -> 
 @pytest.mark.parametrize(
     "fields",
     [
-        {"transferred_tokens": lambda i: 200.0 + 16 * (i >= 13)},  # transfers came back
+        {"transferred_tokens": lambda i: 200.0 + 16 * max(i - 10, 0)},  # transfers came back
         {"recomputed_tokens": float, "failed": 0.0},  # prefix-cache hits: 1 of 16
         {"recomputed_tokens": 0.0, "failed": 0.0},  # idle
         {"recomputed_tokens": None, "transferred_tokens": None},  # pdworker, SGLang: no series
@@ -238,6 +238,15 @@ def test_a_recomputing_decode_plus_canaries_that_transferred_is_still_recomputin
     canaries = [(6.0, effect), (11.0, effect)]
     seen = PodView(raw.name, raw.role, raw.uid, history=organic(raw.history, canaries))
     assert reasons([seen, prefill()]) == [("PromptsRecomputed", "decode-0")]
+
+
+def test_a_few_transfers_in_the_window_do_not_hide_a_decode_that_recomputes_the_rest() -> None:
+    """Measured on the real pair: requests sent straight to the decode for minutes, while a pair
+    canary's 32 tokens arrived every 10-15 s and some were not taken off as canary traffic."""
+    few = recomputing(transferred_tokens=lambda i: 200.0 + 16 * (i >= 13))
+    (f,) = detect([few, prefill()], WINDOW).findings
+    assert f.reason == "PromptsRecomputed"
+    assert f.evidence.startswith("160 prompt tokens computed on this decode and only 16 arrived")
 
 
 def test_the_one_read_a_dead_prefill_failed_is_not_reported() -> None:
