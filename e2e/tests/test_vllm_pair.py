@@ -61,7 +61,6 @@ from pdwarden.engines import COUNTER_FIELDS
 from pdwarden.engines.vllm import PAIR_CANARY
 from pdwarden.remediation.confirm.canary import CANARY_SECONDS
 from pdwarden.remediation.confirm.pair_canary import PairCanarySender
-from pdwarden.remediation.scrape.samples import parse_metrics
 from pdwarden.remediation.scrape.worker_client import WorkerClient
 from pdwarden.values import Target
 
@@ -122,14 +121,6 @@ def test_metrics_the_vllm_adapter_reads_exist_with_engine_and_model_labels(
     assert metric(decode, "vllm:num_requests_kv_fetch_by_stage", stage="in_progress") == 0
 
 
-def _counters(ip: str, pod: str) -> dict[str, float]:
-    """The pod's counters as the vLLM adapter reads them (engines.COUNTER_FIELDS)."""
-    with urllib.request.urlopen(f"http://{ip}:{HTTP_PORT}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    sample = parse_metrics(text, 0.0, "vllm")
-    return {f: float(v) for f in COUNTER_FIELDS if (v := getattr(sample, f)) is not None}
-
-
 def test_a_pair_canary_moves_the_pairs_counters_by_exactly_what_pdwarden_subtracts(
     vllm_pd: VllmPD,
 ) -> None:
@@ -138,35 +129,43 @@ def test_a_pair_canary_moves_the_pairs_counters_by_exactly_what_pdwarden_subtrac
     decode that recomputes every prompt still shows it. Held here to the real pair: one canary
     sent with pdwarden's own sender, every counter of both pods read before and after, in a
     quiet moment (no client traffic; retried when the operator's own canary came between)."""
-    pods = {role: (vllm_pd.ip(role), vllm_pd.pod(role)["metadata"]["name"])
-            for role in ("prefill", "decode")}  # fmt: skip
-    targets = {role: Target(name, "uid", role, ip, HTTP_PORT, engine="vllm")
-               for role, (ip, name) in pods.items()}  # fmt: skip
+    roles = ("prefill", "decode")
+    targets = [Target(vllm_pd.pod(role)["metadata"]["name"], "uid", role, vllm_pd.ip(role),
+                      HTTP_PORT, engine="vllm") for role in roles]  # fmt: skip
 
-    async def one() -> str:
+    async def counters(client: WorkerClient) -> list[dict[str, float]]:
+        """Both pods' counters, read as the operator reads them (engines.COUNTER_FIELDS)."""
+        out = []
+        for res in await client.scrape(targets, None):
+            assert res.sample is not None, res.error
+            out.append({f: float(v) for f in COUNTER_FIELDS
+                        if (v := getattr(res.sample, f)) is not None})  # fmt: skip
+        return out
+
+    async def one() -> tuple[list[dict[str, float]], str, list[dict[str, float]]]:
         client = WorkerClient()
         try:
+            before = await counters(client)
+            prefill, decode = targets
             res = await PairCanarySender(client, client).pair(
-                targets["prefill"], targets["decode"], PAIR_CANARY, deadline=LEG
+                prefill, decode, PAIR_CANARY, deadline=LEG
             )
+            return before, res.outcome, await counters(client)
         finally:
             await client.close()
-        return res.outcome
 
     deltas: dict[str, dict[str, float]] = {}
     for _ in range(6):
         theirs = vllm_pd.operator.metric("pdwarden_pair_canaries_total")
-        before = {role: _counters(ip, name) for role, (ip, name) in pods.items()}
-        assert asyncio.run(one()) == "decoded"
-        after = {role: _counters(ip, name) for role, (ip, name) in pods.items()}
+        before, outcome, after = asyncio.run(one())
+        assert outcome == "decoded"
         if vllm_pd.operator.metric("pdwarden_pair_canaries_total") == theirs:
-            deltas = {role: {f: after[role][f] - before[role].get(f, 0.0)
-                             for f in after[role] if after[role][f] != before[role].get(f)}
-                      for role in pods}  # fmt: skip
+            deltas = {role: {f: v - b.get(f, 0.0) for f, v in a.items() if v != b.get(f)}
+                      for role, b, a in zip(roles, before, after, strict=True)}  # fmt: skip
             break
     print(f"\n[vllm] one pair canary moved: {deltas}", flush=True)
     assert deltas, "every try had an operator canary in between"
-    for role in pods:
+    for role in roles:
         assert deltas[role] == PAIR_CANARY.effects[role], role
 
 
