@@ -51,8 +51,8 @@ def test_a_call_waits_for_a_free_slot_and_gives_up_at_its_deadline() -> None:
         assert await pacer.acquire(time.monotonic() + 1)
         gave_up = not await pacer.acquire(time.monotonic() + 0.05)
         waiter = asyncio.create_task(pacer.acquire(time.monotonic() + 5))
-        async with asyncio.timeout(1):  # until the pacer has queued it
-            while not pacer._waiting:
+        async with asyncio.timeout(1):  # until the pacer has queued it (it signals nothing)
+            while not pacer._waiting:  # noqa: ASYNC110
                 await asyncio.sleep(0.001)
         assert len(pacer._waiting) == 1 and not waiter.done()
         pacer.release()  # the first call answered: the waiter goes
