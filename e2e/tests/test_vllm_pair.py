@@ -17,12 +17,13 @@ pair serves the whole session (e2e/vllm/fixtures.py); these run in file order:
    every one is answered, the decode computes every prompt itself, and pdwarden reports
    PromptsRecomputed once, acting on no pod;
 5. the prefill's engine frozen (SIGSTOP of its EngineCore and Worker, API server alive) with a
-   decode's KV read in flight: the read stays in flight, the prefill goes quiet, a pair canary
-   gets no answer from it (PrefillDead; KVReadStuck would follow at wedgeAfterSeconds), the
-   prefill is restarted, the request in flight is answered (recomputed) and the pair serves
-   again;
+   decode's KV read in flight: the read stays in flight, the prefill goes still, two pair
+   canaries back to back get no answer from it (PrefillDead; KVReadStuck would follow at
+   wedgeAfterSeconds), the prefill is restarted under a client load, the request in flight is
+   answered (recomputed), the pair serves again, and the decode pulls the KV from the new
+   prefill (no prompt recomputed on stale peer state);
 6. the decode's engine frozen behind its live API server with a request in flight: the decode
-   goes quiet, a pair canary's decode leg gets nothing while its counters stand still, the
+   goes still, two pair canaries' decode legs get nothing while its counters stand still, the
    decode is cordoned (although it is the only one), restarted after restartAfterSeconds (a
    one-token canary confirms it is still dead), and the pair serves again;
 7. the decode's engine killed (SIGKILL, an engine crash): vLLM's API server answers /health 503
@@ -243,8 +244,14 @@ def test_healthy_load_through_the_router_draws_no_finding_and_no_action(
     for outcome in ("prefill_dead", "decode_dead"):
         assert vllm_pd.operator.metric("pdwarden_pair_canaries_total", outcome=outcome) == 0
     # A stall a canary meets once on these busy cores is a suspect, asked again, never acted on.
-    suspects = vllm_pd.operator.metric("pdwarden_pair_canaries_total", outcome="suspect")
-    print(f"[vllm] idle pair after the load: {suspects:.0f} suspect canaries", flush=True)
+    op = vllm_pd.operator
+    suspects = op.metric("pdwarden_pair_canaries_total", outcome="suspect")
+    decoded = op.metric("pdwarden_pair_canary_seconds_count")
+    mean = op.metric("pdwarden_pair_canary_seconds_sum") / max(decoded, 1)
+    print(f"[vllm] pair canaries so far: {decoded:.0f} decoded (mean {mean:.2f}s), "
+          f"{suspects:.0f} suspect, "
+          f"{op.metric('pdwarden_pair_canaries_total', outcome='unknown'):.0f} unknown",
+          flush=True)  # fmt: skip
 
 
 def test_requests_that_skip_the_prefill_are_reported_as_disaggregation_off(
@@ -313,6 +320,9 @@ def test_a_read_stuck_on_a_frozen_prefill_restarts_the_prefill_and_the_request_i
     first = {**body, "max_tokens": 1, "kv_transfer_params": PREFILL_PARAMS}
     code, pre = http("POST", url(prefill_ip, "/v1/completions"), first, timeout=120)
     assert code == 200 and isinstance(pre, dict) and pre.get("kv_transfer_params"), (code, pre)
+    op = vllm_pd.operator
+    recomputed = op.metric("pdwarden_wedges_detected_total", reason="PromptsRecomputed")
+    load = _Load(vllm_pd.router)
     frozen = freeze_engine(prefill_uid)
     frozen_at = time.monotonic()
     try:
@@ -355,9 +365,10 @@ def test_a_read_stuck_on_a_frozen_prefill_restarts_the_prefill_and_the_request_i
         took = time.monotonic() - frozen_at
         print(f"[vllm] frozen prefill (read in flight) -> RestartPrefill {took:.0f}s after the "
               f"freeze: {entry['reason']}", flush=True)  # fmt: skip
+        load.start()  # the prefill restarts under load
         assert entry["pod"] == prefill["metadata"]["name"] and entry["uid"] == prefill_uid
-        # Pair canaries find it first (a quiet window, then failureThreshold legs a quiet window
-        # apart); the stuck read is the fallback a wedge window later.
+        # Pair canaries find it first (still a scrape after the freeze, then failureThreshold
+        # legs back to back); the stuck read is the fallback a wedge window later.
         assert entry["reason"].startswith(("PrefillDead: pair canary", "KVReadStuck on ")), entry
         assert entry["outcome"] in ("Pending", "Succeeded"), entry
         # The prefill's death ends the read; the decode recomputes (kv_load_failure_policy
@@ -368,14 +379,66 @@ def test_a_read_stuck_on_a_frozen_prefill_restarts_the_prefill_and_the_request_i
         code, dec = answer[0]
         assert code == 200 and isinstance(dec, dict), (code, dec)
         assert dec["usage"]["completion_tokens"] == 8
+    except BaseException:
+        load.stop()
+        raise
     finally:
         thaw(frozen)
-    wait_ready(vllm_pd.cluster, vllm_pd.namespace, {"prefill": "1/1", "decode": "1/1"},
-               STARTUP_SECONDS, "pd")  # fmt: skip
-    assert vllm_pd.pod("prefill")["metadata"]["uid"] != prefill_uid
-    # The router finds the new pod within its 2 s discovery refresh: retried while it says 503.
-    assert generate_when_served(vllm_pd.router)["usage"]["completion_tokens"] == 4  # type: ignore[index]
+    try:
+        wait_ready(vllm_pd.cluster, vllm_pd.namespace, {"prefill": "1/1", "decode": "1/1"},
+                   STARTUP_SECONDS, "pd")  # fmt: skip
+        assert vllm_pd.pod("prefill")["metadata"]["uid"] != prefill_uid
+        # The router finds the new pod within its 2 s discovery refresh: retried while it says
+        # 503.
+        assert generate_when_served(vllm_pd.router)["usage"]["completion_tokens"] == 4  # type: ignore[index]
+    finally:
+        answered, refused = load.stop()
+    print(f"[vllm] load through the prefill's restart: {answered} answered, {refused} refused",
+          flush=True)  # fmt: skip
+    # The restarted prefill is a new engine with a new NIXL agent: the decode pulls the KV from
+    # it again, it does not recompute prompts on stale peer state (PD silently off).
+    new_prefill = vllm_pd.ip("prefill")
+    computed = metric(decode, BY_SOURCE, source="local_compute")
+    answer = pd_complete(new_prefill, decode, "the prefill restarted and the decode reads", 4)
+    assert answer.decode["usage"]["prompt_tokens"] % 16 != 0  # no whole block to reuse
+    assert metric(decode, BY_SOURCE, source="local_compute") == computed
     assert len(_restarts(vllm_pd)) == 1  # one repair, nothing more
+    assert op.metric("pdwarden_wedges_detected_total", reason="PromptsRecomputed") == recomputed
+
+
+class _Load:
+    """Two client loops through the router until stopped, counting what was answered and what
+    was refused (502/503 while a pod restarts)."""
+
+    def __init__(self, router: str) -> None:
+        self.router, self.answered, self.refused = router, 0, 0
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(2)]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def _loop(self) -> None:
+        body = {"model": SERVED_NAME, "prompt": "load while a pod restarts",
+                "max_tokens": 4, "ignore_eos": True}  # fmt: skip
+        while not self._stop.is_set():
+            try:
+                code, _ = http("POST", self.router + "/v1/completions", body, timeout=60)
+            except OSError:
+                code = 0
+            if code == 200:
+                self.answered += 1
+            else:
+                self.refused += 1
+                self._stop.wait(0.5)
+
+    def stop(self) -> tuple[int, int]:
+        self._stop.set()
+        for t in self._threads:
+            if t.is_alive():
+                t.join(90)
+        return self.answered, self.refused
 
 
 def _history(vllm_pd: VllmPD) -> list[dict[str, Any]]:

@@ -3,11 +3,14 @@ canary never reads as progress (a frozen pod plus canaries is still a frozen pod
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pdwarden.remediation.decide.pairs import (
     MAX_PAIRS,
+    ask_again,
     judged,
     pairs_to_ask,
-    quiet,
+    still,
     with_pair_outcomes,
 )
 from pdwarden.remediation.detect.evidence import PodView
@@ -40,18 +43,22 @@ def view(name: str, role: str, history: tuple[Sample, ...], stale: bool = False)
     return PodView(name=name, role=role, uid=f"uid-{name}", history=history, stale=stale)
 
 
-def test_a_pod_whose_counters_stood_still_for_the_window_is_quiet() -> None:
-    assert quiet(view("d", "decode", flat("decode")), QUIET)
-    assert not quiet(view("d", "decode", busy("decode")), QUIET)
+def test_a_pod_whose_counters_stood_still_since_its_last_scrape_is_still() -> None:
+    assert still(view("d", "decode", flat("decode")))
+    assert not still(view("d", "decode", busy("decode")))
+    stopped = (*busy("decode")[:-1], replace(busy("decode")[-2], at=112.0))
+    assert still(view("d", "decode", stopped))  # moving until the last scrape: still at once
+    working = flat("decode", seconds=5, step=5, running=1.0, reading_queue=1.0)
+    assert still(view("d", "decode", working))  # work or none: the counters decide
 
 
-def test_a_pod_seen_for_less_than_the_window_or_stale_is_not_judged() -> None:
-    assert not quiet(view("d", "decode", flat("decode", seconds=6)), QUIET)
-    assert not quiet(view("d", "decode", flat("decode"), stale=True), QUIET)
-    assert not quiet(view("d", "decode", ()), QUIET)
+def test_a_pod_seen_once_or_stale_is_not_judged() -> None:
+    assert not still(view("d", "decode", flat("decode")[:1]))
+    assert not still(view("d", "decode", flat("decode"), stale=True))
+    assert not still(view("d", "decode", ()))
 
 
-def test_a_quiet_pod_is_paired_with_a_partner_proven_alive() -> None:
+def test_a_still_pod_is_paired_with_a_partner_proven_alive() -> None:
     views = [
         view("p-0", "prefill", busy("prefill")),
         view("p-1", "prefill", flat("prefill")),
@@ -60,7 +67,7 @@ def test_a_quiet_pod_is_paired_with_a_partner_proven_alive() -> None:
     assert pairs_to_ask(views, {}, now=1000.0, seconds=QUIET) == [("p-1", "d-0")]
 
 
-def test_an_idle_pairs_two_quiet_pods_are_asked_together_once() -> None:
+def test_an_idle_pairs_two_still_pods_are_asked_together_once() -> None:
     views = [view("p-0", "prefill", flat("prefill")), view("d-0", "decode", flat("decode"))]
     assert pairs_to_ask(views, {}, now=1000.0, seconds=QUIET) == [("p-0", "d-0")]
 
@@ -131,6 +138,17 @@ def test_a_dead_side_is_a_suspect_until_it_missed_threshold_canaries_in_a_row() 
     assert once == dead
 
 
+def test_a_miss_below_the_threshold_is_asked_again_at_once_and_only_then() -> None:
+    dead = PairResult("p-0", "d-0", "prefill_dead", "prefill leg: no answer")
+    ok = PairResult("p-0", "d-0", "decoded", "0.2s", prefill_answered=True, decode_answered=True)
+    assert ask_again([dead], {}, 2) and not ask_again([dead, dead], {}, 2)
+    assert not ask_again([dead], {"p-0": 1}, 2)  # one miss remembered from an earlier cycle
+    assert ask_again([dead, dead], {}, 3) and not ask_again([dead, ok], {}, 2)
+    assert not ask_again([dead], {}, 1) and not ask_again([], {}, 2)
+    unknown = PairResult("p-0", "d-0", "unknown", "HTTP 401")
+    assert not ask_again([dead, unknown], {}, 3)  # unknown proves nothing: not asked again
+
+
 def test_an_answer_starts_the_count_again_and_unknown_leaves_it() -> None:
     decode_dead = PairResult("p-0", "d-0", "decode_dead", "decode leg", prefill_answered=True)
     _, counts = judged([decode_dead], {"p-0": 1, "d-0": 1}, 3)
@@ -150,7 +168,7 @@ def test_a_suspect_proves_nothing() -> None:
 
 def test_a_frozen_pod_plus_canaries_is_still_a_frozen_pod() -> None:
     """What the canaries sent through a frozen decode (answered before it froze, say) moved its
-    raw counters; without them it is flat, so it stays quiet and is asked again."""
+    raw counters; without them it is flat, so it stays still and is asked again."""
     raw = list(flat("decode", kv_transfers=7.0))
     effect = {"prefill_tokens": 4.0, "generated_tokens": 1.0, "completed": 1.0, "kv_transfers": 1.0}
     effects = []
@@ -162,8 +180,12 @@ def test_a_frozen_pod_plus_canaries_is_still_a_frozen_pod() -> None:
                    completed=(s.completed or 0) + 1, kv_transfers=(s.kv_transfers or 0) + 1)
             for s in raw[i:]
         ]  # fmt: skip
-    assert not quiet(view("d-0", "decode", tuple(raw)), QUIET)  # raw: the canaries look like work
-    assert quiet(view("d-0", "decode", organic(raw, effects)), QUIET)
+    fixed = organic(raw, effects)
+    # raw: the canaries look like work at the scrapes that first show them; organic: still at all
+    assert [still(view("d-0", "decode", tuple(raw[: i + 1]))) for i in range(1, len(raw))] == [
+        i not in (2, 4) for i in range(1, len(raw))
+    ]
+    assert all(still(view("d-0", "decode", fixed[: i + 1])) for i in range(1, len(fixed)))
 
 
 def test_a_stuck_read_plus_canaries_is_still_a_stuck_read() -> None:

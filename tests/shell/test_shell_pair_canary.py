@@ -29,6 +29,7 @@ STEP = 2.0  # seconds between two samples of the scrape clock
 @dataclass
 class ClockWorkers(WorkerFake):
     frozen: set[str] = field(default_factory=set)
+    pending: set[str] = field(default_factory=set)  # pods with a request running
     _n: Counter[str] = field(default_factory=Counter)
     t0: float = field(default_factory=time.monotonic)
 
@@ -37,16 +38,19 @@ class ClockWorkers(WorkerFake):
         n = self._n[target.pod]
         moving = 0.0 if target.pod in self.frozen else 7.0 * n
         return Sample(
-            at=self.t0 + STEP * n, running=0.0, waiting_queue=0.0, reading_queue=0.0,
+            at=self.t0 + STEP * n, running=float(target.pod in self.pending), waiting_queue=0.0,
+            reading_queue=0.0,
             prefill_tokens=100.0 + moving, generated_tokens=50.0 + moving, completed=3.0,
         )  # fmt: skip
 
 
 @dataclass
 class PairFake:
-    """ports.PairCanaryApi: `outcomes[(prefill, decode)]` (decoded when unset); `asked` pairs."""
+    """ports.PairCanaryApi: the next of `script` while it lasts, then `outcomes[(prefill,
+    decode)]` (decoded when unset); `asked` pairs."""
 
     outcomes: dict[tuple[str, str], PairOutcome] = field(default_factory=dict)
+    script: list[PairOutcome] = field(default_factory=list)
     asked: list[tuple[str, str]] = field(default_factory=list)
     deadlines: list[float] = field(default_factory=list)
 
@@ -56,7 +60,10 @@ class PairFake:
     ) -> PairResult:  # fmt: skip
         self.asked.append((prefill.pod, decode.pod))
         self.deadlines.append(deadline)
-        outcome = self.outcomes.get((prefill.pod, decode.pod), "decoded")
+        outcome = (
+            self.script.pop(0) if self.script
+            else self.outcomes.get((prefill.pod, decode.pod), "decoded")
+        )  # fmt: skip
         return PairResult(prefill.pod, decode.pod, outcome, f"{outcome} (fake)", 0.1,
                           prefill_answered=outcome != "prefill_dead",
                           decode_answered=outcome == "decoded")  # fmt: skip
@@ -111,9 +118,9 @@ def test_a_decode_frozen_behind_its_api_server_is_cordoned_once_a_pair_canary_fi
     pair = PairFake(outcomes={("pd-prefill-0", "pd-decode-1"): "decode_dead"})
     state = setup(kube, workers, pair, canary={"failureThreshold": 1})  # the default 2: below
     before, repaired = sent("decode_dead"), remediated()
-    cycles(state, kube, 5)  # 8 s of history: not quiet for 10 s yet
+    cycles(state, kube, 1)  # one scrape: nothing to compare yet
     assert pair.asked == [] and history(kube) == []
-    cycles(state, kube, 1)
+    cycles(state, kube, 1)  # still since its last scrape: asked
     assert pair.asked == [("pd-prefill-0", "pd-decode-1")]  # paired with the live prefill
     [entry] = history(kube)
     assert (entry["action"], entry["pod"]) == ("CordonDecode", "pd-decode-1")
@@ -140,28 +147,53 @@ def test_a_prefill_a_pair_canary_finds_dead_is_restarted(kube: KubeFake) -> None
 
 
 def test_a_side_is_dead_only_after_failure_threshold_canaries_in_a_row(kube: KubeFake) -> None:
-    """The default failureThreshold (2): a prefill that once gave no answer is a suspect, asked
-    again a quiet window later, and restarted only when that canary gets nothing either; an
-    answer in between starts its count again (a stalled, not dead, engine is never restarted)."""
+    """The default failureThreshold (2): a prefill that gave no answer is a suspect and asked
+    again at once, in the same cycle, and restarted only when that canary gets nothing either;
+    an answer in between starts its count again (a stalled, not dead, engine is never
+    restarted)."""
     workers = ClockWorkers(frozen={"pd-prefill-0", "pd-decode-0", "pd-decode-1"})
-    pair = PairFake(outcomes={("pd-prefill-0", "pd-decode-0"): "prefill_dead"})
+    pair = PairFake(script=["prefill_dead", "decoded"])  # a stall, then an answer
     actions = ["FailRooms", "CordonDecode", "RestartDecode", "RestartPrefill"]
     state = setup(kube, workers, pair, actions=actions, canary={"quietSeconds": 2})
     kube.objects[("Pod", "ns", "pd-decode-1")]["metadata"]["labels"][LABEL_ROLE] = "x"  # one pair
     suspects, dead = sent("suspect"), sent("prefill_dead")
 
-    asked(state, kube, pair, 1)  # no answer: a suspect
-    assert history(kube) == [] and sent("suspect") == suspects + 1
-    pair.outcomes.clear()
-    asked(state, kube, pair, 2)  # it answered: the count starts again
+    asked(state, kube, pair, 1)  # no answer: a suspect, asked again at once; it answered
+    assert len(pair.asked) == 2 and history(kube) == []
+    assert sent("suspect") == suspects + 1 and sent("prefill_dead") == dead
     pair.outcomes[("pd-prefill-0", "pd-decode-0")] = "prefill_dead"
-    asked(state, kube, pair, 3)
-    assert history(kube) == [] and sent("suspect") == suspects + 2
-    assert sent("prefill_dead") == dead
-    asked(state, kube, pair, 4)  # the second in a row: dead, restarted
+    asked(state, kube, pair, 3)  # the count started again: two misses back to back, restarted
+    assert len(pair.asked) == 4 and sent("suspect") == suspects + 2
     [entry] = history(kube)
     assert (entry["action"], entry["pod"]) == ("RestartPrefill", "pd-prefill-0")
     assert "2 canaries in a row" in entry["reason"] and sent("prefill_dead") == dead + 1
+
+
+def test_a_pod_that_stops_is_asked_a_scrape_later_and_then_once_per_quiet_window(
+    kube: KubeFake,
+) -> None:
+    """A decode that served and then froze is asked at the first scrape that shows it still (a
+    miss asked again at once: dead in one cycle, at the default failureThreshold 2), long before
+    a 10 s quiet window ran out; still pods that answer are asked once per window only."""
+    workers = ClockWorkers()
+    pair = PairFake(outcomes={("pd-prefill-0", "pd-decode-1"): "decode_dead"})
+    state = setup(kube, workers, pair)
+    cycles(state, kube, 4)
+    assert pair.asked == []  # every counter moves
+    workers.frozen = {"pd-decode-1"}
+    cycles(state, kube, 1)  # its last move shows now: not still yet
+    assert pair.asked == []
+    cycles(state, kube, 1)
+    assert pair.asked == [("pd-prefill-0", "pd-decode-1")] * 2
+    [entry] = history(kube)
+    assert (entry["action"], entry["pod"]) == ("CordonDecode", "pd-decode-1")
+    assert "2 canaries in a row" in entry["reason"]
+    idle = PairFake()  # answered: once per 10 s quiet window, whatever the cycles
+    kube2 = KubeFake()
+    state2 = setup(kube2, ClockWorkers(frozen={"pd-prefill-0", "pd-decode-0", "pd-decode-1"}),
+                   idle)  # fmt: skip
+    cycles(state2, kube2, 6)
+    assert idle.asked == [("pd-prefill-0", "pd-decode-0"), ("pd-prefill-0", "pd-decode-1")]
 
 
 def test_a_busy_healthy_pair_gets_no_canary_and_an_idle_one_a_canary_per_quiet_window(
@@ -208,4 +240,4 @@ def test_the_first_canary_through_a_pair_gets_the_long_deadline_until_one_decode
     decode["status"]["containerStatuses"] = [{"name": "worker", "restartCount": 1}]
     asked(state, kube, pair, 3)
     assert pair.asked == [("pd-prefill-0", "pd-decode-0")] * 3
-    assert pair.deadlines == [30.0, 8.0, 30.0]
+    assert pair.deadlines == [30.0, 4.0, 30.0]

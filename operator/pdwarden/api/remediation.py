@@ -108,9 +108,10 @@ _RESTART_NEEDS_CORDON = Rule(
 class CanarySpec(ApiModel):
     """Pair canaries (engines that support them: vllm): one request of one output token sent
     through a prefill and a decode the way the engine's own router sends it, so the KV really
-    moves between them. A pod whose own per-step counters stopped moving (canaries never count)
-    is only a suspect until such a canary shows which side no longer answers; an idle pair gets
-    one at most every quietSeconds, so a frozen engine is found without user traffic."""
+    moves between them. A pod whose own per-step counters stood still since its last scrape
+    (canaries never count) is only a suspect until such a canary shows which side no longer
+    answers; an idle pair gets one at most every quietSeconds, so a frozen engine is found
+    without user traffic."""
 
     enabled: bool = Field(
         True, description="Send pair canaries (false: suspects wait for wedgeAfterSeconds)."
@@ -120,19 +121,20 @@ class CanarySpec(ApiModel):
         ge=2,
         le=3600,
         description=(
-            "Seconds a pod's own progress counters may stay flat before its pair is asked; also "
-            "the least time between two canaries through the same pod."
+            "Least seconds between two canaries through the same pod. A pod whose own progress "
+            "counters did not move between two scrapes is asked at once unless it was asked "
+            "this recently; an idle pod is asked this often."
         ),
     )
     deadline_seconds: int = Field(
-        8,
+        4,
         ge=1,
         le=120,
         description=(
             "Seconds each leg of a canary may take. A leg that gets no answer in time while the "
-            "pod's own counters do not move either is a miss for that side (failureThreshold "
-            "misses in a row: dead); a slow but working engine moves its counters and is never "
-            "called dead."
+            "pod's own counters do not move either is a miss for that side, and the pair is "
+            "asked again at once (failureThreshold misses in a row: dead); a slow but working "
+            "engine moves its counters and is never called dead."
         ),
     )
     failure_threshold: int = Field(
@@ -142,7 +144,7 @@ class CanarySpec(ApiModel):
         description=(
             "Canaries in a row a side must leave unanswered (its counters still) before it is "
             "dead and acted on, like a probe's failureThreshold: one stall of a busy engine is "
-            "not a death. Until then it is a suspect, asked again after quietSeconds."
+            "not a death. Until then it is a suspect, asked again at once."
         ),
     )
     first_deadline_seconds: int = Field(

@@ -19,7 +19,7 @@ from typing import Any
 from pdwarden import engines, metrics
 from pdwarden.api import LedgerEntry
 from pdwarden.remediation.decide import PodState, verdicts
-from pdwarden.remediation.decide.pairs import judged, pairs_to_ask, with_pair_outcomes
+from pdwarden.remediation.decide.pairs import ask_again, judged, pairs_to_ask, with_pair_outcomes
 from pdwarden.remediation.detect.evidence import PodView
 from pdwarden.remediation.detect.rules import Detection
 from pdwarden.remediation.memory import DeploymentMemory, PodMemory
@@ -76,11 +76,11 @@ async def confirm_pairs(
     r: Round[Any, Any, Any], detection: Detection, views: Sequence[PodView]
 ) -> Detection:
     """The confirm stage's pair canaries (engines that have one, `Engine.pair_canary`): each
-    quiet pod, at most once per canary.quietSeconds, gets a canary through its pair's own PD
-    path (`decide.pairs` picks the pairs, counts each side's misses in a row and reads the
-    outcomes); what each canary added to the
-    pods' counters is remembered, so detection never reads it as progress. Never raises (but
-    cancellation)."""
+    quiet or stalled pod, at most once per canary.quietSeconds, gets a canary through its
+    pair's own PD path, and a side that missed it is asked again at once until it answers or
+    missed canary.failureThreshold in a row (`decide.pairs` picks the pairs, counts the misses
+    and reads the outcomes); what each canary added to the pods' counters is remembered, so
+    detection never reads it as progress. Never raises (but cancellation)."""
     shape = engines.get(r.spec.engine).pair_canary
     knobs = r.spec.remediation.canary
     if shape is None or not knobs.enabled or r.tools.pair is None:
@@ -99,8 +99,9 @@ async def confirm_pairs(
     for p, d, _, _ in pairs:
         for name in (p, d):
             r.mem.pods.setdefault(uids[name], PodMemory()).canary_at = started
+    misses = {n: pm.canary_misses for n, u in uids.items() if (pm := r.mem.pods.get(u))}
 
-    async def one(pt: Target, dt: Target) -> PairResult:
+    async def send(pt: Target, dt: Target) -> PairResult:
         # The first canary through a pair makes its KV handshake: the long deadline (measured).
         warm = (_incarnation(r.seen, pt), _incarnation(r.seen, dt)) in r.mem.warm_pairs
         deadline = float(knobs.deadline_seconds if warm else knobs.first_deadline_seconds)
@@ -114,14 +115,21 @@ async def confirm_pairs(
         return replace(res, prefill=pt.pod, decode=dt.pod,
                        detail=sanitize.text(res.detail, sanitize.MAX_ERROR))  # fmt: skip
 
+    async def one(pt: Target, dt: Target) -> list[PairResult]:
+        # A miss below the threshold is asked again at once: misses in a row, back to back.
+        out = [await send(pt, dt)]
+        while ask_again(out, misses, knobs.failure_threshold):
+            out.append(await send(pt, dt))
+        return out
+
     sent = await asyncio.gather(*(one(pt, dt) for _, _, pt, dt in pairs))
     ended = time.monotonic()
-    misses = {n: pm.canary_misses for n, u in uids.items() if (pm := r.mem.pods.get(u))}
-    results, counts = judged(sent, misses, knobs.failure_threshold)
+    through = [(pt, dt) for (_, _, pt, dt), rs in zip(pairs, sent, strict=True) for _ in rs]
+    results, counts = judged([res for rs in sent for res in rs], misses, knobs.failure_threshold)
     for name, n in counts.items():
         if name in uids:
             r.mem.pods.setdefault(uids[name], PodMemory()).canary_misses = n
-    for (_, _, pt, dt), res in zip(pairs, results, strict=True):
+    for (pt, dt), res in zip(through, results, strict=True):
         metrics.PAIR_CANARIES.labels(res.outcome).inc()
         if res.outcome == "decoded":
             metrics.PAIR_CANARY_SECONDS.observe(res.seconds)

@@ -4,18 +4,23 @@ Why pure and apart from the sending (`confirm.pair_canary`): whom pdwarden suspe
 concludes decides whether a pod is restarted or cordoned, so both are plain functions of the
 pods' histories, unit-tested without a network.
 
-* A pod is QUIET when none of its own progress counters moved for canary.quietSeconds (canaries
-  excluded: `memory.organic`). A frozen engine is always quiet; so is an idle one. Quiet is only
-  a suspicion: it never acts.
-* Each quiet pod, at most once per quietSeconds, gets a pair canary with a partner of the other
-  role, one that is not quiet if there is one (proven alive: if the canary then fails on the
-  quiet side, that side is the one). An idle pool's two quiet pods are asked together: the leg
-  that gets no answer names the dead side. At most MAX_PAIRS pairs a cycle.
+* A pod is STILL when none of its own progress counters moved between its last two fresh
+  scrapes (canaries excluded: `memory.organic`): a frozen engine is still from the scrape
+  interval after its freeze, with work or without; so is an idle one, and one between two
+  bursts. Still is only a suspicion: it never acts.
+* Each still pod, at most once per canary.quietSeconds, gets a pair canary with a partner of the
+  other role, one that is not still if there is one (proven alive: if the canary then fails on
+  the still side, that side is the one). So a pod that stops is asked a scrape interval later,
+  and an idle one once per quiet window, which bounds what canaries cost: one per pod per
+  window at most. An idle pool's two still pods are asked together: the leg that gets no
+  answer names the dead side. At most MAX_PAIRS pairs a cycle.
 * A side is dead only after canary.failureThreshold canaries in a row got no answer from it
   while its counters stood still (`judged`): one such canary on a busy machine is a stall as
   often as a death (the vLLM tier on two shared cores once restarted a healthy prefill on one),
-  so before the threshold it is a suspect, asked again when its quiet window next comes round.
-  An answer from the side starts its count again; unknown leaves it.
+  so before the threshold it is a suspect, asked again at once (`ask_again`): the misses in a
+  row are canaries back to back, so a frozen engine is dead failureThreshold deadlines after it
+  was suspected, not quiet windows later. An answer from the side starts its count again;
+  unknown leaves it.
 * Outcomes: decode_dead makes the decode dead for the ladder exactly as the one-token canary's
   dead verdict does (rung 2v: cordon, then restart while it stays dead); prefill_dead is a
   PrefillDead finding on the prefill (rung 1p: restart it); decoded proves both alive; suspect
@@ -37,16 +42,11 @@ MAX_PAIRS: Final = 2  # pair canaries per object per cycle: each holds a connect
 PROGRESS: Final = ("prefill_tokens", "generated_tokens", "kv_transfers", "completed")
 
 
-def quiet(view: PodView, seconds: float) -> bool:
-    """No progress counter of the pod moved over the last `seconds` of fresh history (and the
-    history spans them: a pod seen for less than that is not judged yet)."""
-    if view.stale or not view.history:
+def still(view: PodView) -> bool:
+    """No progress counter of the pod moved between its last two fresh scrapes."""
+    if view.stale or len(view.history) < 2:
         return False
-    last = view.history[-1].at
-    recent = [s for s in view.history if s.at >= last - seconds]
-    if len(recent) < 2 or last - view.history[0].at < seconds:
-        return False
-    return not any(moved(recent, c) for c in PROGRESS)
+    return not any(moved(view.history[-2:], c) for c in PROGRESS)
 
 
 def pairs_to_ask(
@@ -55,10 +55,11 @@ def pairs_to_ask(
     now: float,
     seconds: float,
 ) -> list[tuple[str, str]]:
-    """(prefill, decode) pairs to send a canary through this cycle, each pod at most once and
-    none asked within `seconds` before `now` (monotonic), sorted for a stable order."""
+    """(prefill, decode) pairs to send a canary through this cycle for its still pods, each pod
+    at most once and none asked within `seconds` before `now` (monotonic), sorted for a stable
+    order."""
     fresh = [v for v in views if not v.stale and v.latest is not None]
-    silent = {v.name for v in fresh if quiet(v, seconds)}
+    silent = {v.name for v in fresh if still(v)}
     due = sorted(n for n in silent if now - last_asked.get(n, -1e18) >= seconds)
     out: list[tuple[str, str]] = []
     used: set[str] = set()
@@ -108,6 +109,15 @@ def judged(
             why = f"{r.detail} (suspect: {n} of {threshold} canaries in a row; asked again)"
             out.append(replace(r, outcome="suspect", detail=why))
     return out, counts
+
+
+def ask_again(results: Sequence[PairResult], misses: Mapping[str, int], threshold: int) -> bool:
+    """Whether the pair that gave `results` (back to back, oldest first) is asked again at once:
+    its last canary left a side unanswered, fewer than `threshold` times in a row."""
+    if not results:
+        return False
+    judged_results, _ = judged(results, misses, threshold)
+    return judged_results[-1].outcome == "suspect"
 
 
 def with_pair_outcomes(detection: Detection, results: Sequence[PairResult]) -> Detection:
