@@ -162,9 +162,13 @@ class PairResult:
     outcome: PairOutcome
     detail: str
     seconds: float = 0.0
-    # Which legs were answered: what the canary added to each pod's counters (memory.organic).
+    # Which legs were answered (a side that answered is alive: `decide.pairs.judged`) and which
+    # were sent (what the canary may have added to each pod's counters: `memory.organic`; a
+    # slow engine processes a leg whose deadline ran out all the same).
     prefill_answered: bool = False
     decode_answered: bool = False
+    prefill_sent: bool = False
+    decode_sent: bool = False
 
 
 @dataclass(frozen=True)

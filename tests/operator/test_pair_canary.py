@@ -116,6 +116,7 @@ DECODE = answer({})
 def test_both_legs_answer_the_kv_moved_and_the_decode_got_the_prefills_params() -> None:
     res, to_prefill, to_decode = run(PREFILL, DECODE)
     assert res.outcome == "decoded" and res.prefill_answered and res.decode_answered
+    assert res.prefill_sent and res.decode_sent
     assert res.seconds > 0 and "p-0 -> d-0" in res.detail
     [first] = to_prefill
     assert first["kv_transfer_params"]["do_remote_decode"] is True
@@ -129,17 +130,19 @@ def test_a_frozen_prefill_is_prefill_dead_and_the_decode_is_never_asked() -> Non
     assert (res.outcome, res.prefill, res.decode) == ("prefill_dead", "p-0", "d-0")
     assert "counters stand still" in res.detail and to_decode == []
     assert not res.prefill_answered and not res.decode_answered
+    assert res.prefill_sent and not res.decode_sent  # it may still process the leg: owed
 
 
 def test_a_frozen_decode_is_decode_dead_after_the_prefill_answered() -> None:
     res, _, to_decode = run(PREFILL, frozen)
     assert res.outcome == "decode_dead" and res.prefill_answered and not res.decode_answered
-    assert len(to_decode) == 1
+    assert res.prefill_sent and res.decode_sent and len(to_decode) == 1
 
 
 def test_a_slow_engine_whose_counters_move_is_never_called_dead() -> None:
     res, _, _ = run(PREFILL, slow)
     assert res.outcome == "unknown" and "slow" in res.detail
+    assert res.decode_sent and not res.decode_answered  # what it adds later is the canary's
     res, _, _ = run(slow, DECODE)
     assert res.outcome == "unknown"
 
@@ -166,4 +169,4 @@ def test_an_unreachable_pod_is_unknown_and_nothing_raises() -> None:
             await client.close()
 
     res = asyncio.run(go())
-    assert res.outcome == "unknown"
+    assert res.outcome == "unknown" and not res.prefill_sent and not res.decode_sent

@@ -238,6 +238,17 @@ def test_a_canarys_increments_shown_a_scrape_late_or_in_pieces_never_read_as_mov
     assert set(_values(fixed)) == {1000.0}
 
 
+def test_a_canary_shown_at_the_first_scrape_after_a_gap_is_still_taken_off() -> None:
+    """The pod's scrapes failed for longer than memory.SETTLE_SECONDS after the canary ended (a
+    busy engine's /metrics timing out): the first sample that comes back shows its increments,
+    and they are still the canary's."""
+    effect = {"transferred_tokens": 32.0}
+    samples = _transferred([0, 0, 32, 0])
+    gap = [samples[0], samples[1], replace(samples[2], at=samples[1].at + 15), samples[3]]
+    gap[3] = replace(gap[3], at=gap[2].at + 5)
+    assert set(_values(organic(gap, [(gap[1].at + 0.5, effect)]))) == {1000.0}
+
+
 def test_an_increment_a_canary_never_made_hides_the_pods_own_work_for_seconds_at_most() -> None:
     """A canary whose increments never show up owes nothing after memory.SETTLE_SECONDS: the
     pod's own later transfer reads as movement; and a counter reset (a new process) always does."""

@@ -66,7 +66,8 @@ class PairFake:
         )  # fmt: skip
         return PairResult(prefill.pod, decode.pod, outcome, f"{outcome} (fake)", 0.1,
                           prefill_answered=outcome != "prefill_dead",
-                          decode_answered=outcome == "decoded")  # fmt: skip
+                          decode_answered=outcome == "decoded", prefill_sent=True,
+                          decode_sent=outcome != "prefill_dead")  # fmt: skip
 
 
 def setup(

@@ -134,9 +134,9 @@ async def confirm_pairs(
         if res.outcome == "decoded":
             metrics.PAIR_CANARY_SECONDS.observe(res.seconds)
             r.mem.warm_pairs.add((_incarnation(r.seen, pt), _incarnation(r.seen, dt)))
-        for name, role, answered in ((res.prefill, "prefill", res.prefill_answered),
-                                     (res.decode, "decode", res.decode_answered)):  # fmt: skip
-            if answered and name in uids:
+        for name, role, sent_leg in ((res.prefill, "prefill", res.prefill_sent),
+                                     (res.decode, "decode", res.decode_sent)):  # fmt: skip
+            if sent_leg and name in uids:
                 pm = r.mem.pods.setdefault(uids[name], PodMemory())
                 pm.canary_effects.append((ended, shape.effects.get(role, {})))
         if res.outcome != "decoded":

@@ -190,8 +190,11 @@ def organic(
     vLLM pair under load: a canary's 32 transferred prompt tokens seen as 30, then 2), and taking
     them off early makes the counter dip and come back, which reads as movement (it hid a decode
     that recomputed every prompt for minutes). What a counter rose by, up to what canaries still
-    owe it, is theirs; what they owe and nothing showed within SETTLE_SECONDS is forgotten, so an
-    increment that never comes cannot hide the pod's own progress for longer than that."""
+    owe it, is theirs; what they owe and nothing showed within SETTLE_SECONDS (or at the first
+    sample after it, when scrapes failed meanwhile) is forgotten, so an increment that never
+    comes cannot hide the pod's own progress for longer than that. A leg that was sent owes
+    what it adds whether or not it was answered: a slow engine processes a leg whose deadline
+    ran out all the same (measured: a busy decode's 32 transferred tokens per unanswered leg)."""
     if not effects:
         return tuple(samples)
     ordered = sorted(effects, key=lambda e: e[0])
@@ -229,7 +232,6 @@ def _organic_counter(
         if last is None:  # the first sample: whatever ended before it shifts every sample alike
             take = sum(o[1] for o in owed)
         else:
-            owed = [o for o in owed if at - o[0] <= SETTLE_SECONDS]
             take = min(sum(o[1] for o in owed), max(raw - taken - last, 0.0))
         taken += take
         while take > 0 and owed:
@@ -238,6 +240,9 @@ def _organic_counter(
             take -= used
             if owed[0][1] <= 0:
                 owed.pop(0)
+        # Forgotten only once a sample taken SETTLE_SECONDS after it was offered what it owes:
+        # a pod whose scrapes failed for a while shows it at the first sample that comes back.
+        owed = [o for o in owed if at - o[0] <= SETTLE_SECONDS]
         last = raw - taken
         out.append(last)
     return out

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import aiohttp
@@ -56,6 +56,7 @@ class _Call:
     canary: PairCanary
     tenant: str
     deadline: float
+    sent: set[str]  # the roles whose leg was posted (what the canary may have added)
 
 
 @dataclass(frozen=True)
@@ -87,24 +88,24 @@ class PairCanarySender:
         `deadline` seconds; never raises (but cancellation)."""
         if deadline <= 0:
             return PairResult(prefill.pod, decode.pod, "unknown", "no time given to the canary")
+        call = _Call(canary, tenant, deadline, set())
         try:
-            return await self._pair(prefill, decode, canary, tenant, deadline)
+            res = await self._pair(prefill, decode, call)
         except Unknown as e:
-            return PairResult(prefill.pod, decode.pod, "unknown", str(e))
+            res = PairResult(prefill.pod, decode.pod, "unknown", str(e))
         except Exception as e:  # anything unforeseen proves nothing either
             why = f"pair canary failed: {type(e).__name__}"
-            return PairResult(prefill.pod, decode.pod, "unknown", why)
+            res = PairResult(prefill.pod, decode.pod, "unknown", why)
+        return replace(res, prefill_sent="prefill" in call.sent, decode_sent="decode" in call.sent)
 
     async def _sample(self, target: Target, tenant: str) -> Sample | None:
         (res,) = await self.workers.scrape([target], None, tenant)
         return res.sample
 
-    async def _pair(
-        self, prefill: Target, decode: Target, canary: PairCanary, tenant: str, deadline: float
-    ) -> PairResult:
+    async def _pair(self, prefill: Target, decode: Target, call: _Call) -> PairResult:
         started = time.monotonic()
+        canary, tenant = call.canary, call.tenant
         before = await asyncio.gather(self._sample(prefill, tenant), self._sample(decode, tenant))
-        call = _Call(canary, tenant, deadline)
         model = await self._model(prefill, canary, tenant)
         answer = await self._leg(call, "prefill", prefill, canary.prefill_body(model), before[0])
         if isinstance(answer, _Ended):
@@ -143,6 +144,7 @@ class PairCanarySender:
     ) -> Any:
         """The leg's JSON answer, or how it ended the canary."""
         what = f"{role} leg on {target.pod}"
+        call.sent.add(role)
         try:
             answer = await self._post(call, target, body, what)
         except _Dead:
