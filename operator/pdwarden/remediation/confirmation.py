@@ -1,7 +1,7 @@
 """The confirm stage: ask suspect pods themselves before a suspicion is acted on.
 
 Why a module of its own, beside the cycle: the one-token canary on a decode a prefill's expired
-lease names (`confirm.canary`) and the pair canary through a quiet pod's prefill/decode pair
+lease names (`confirm.canary`) and the pair canary through a still pod's prefill/decode pair
 (`confirm.pair_canary`) are the cycle's only waits on pods' answers; keeping the shell that
 sends them, counts them and remembers what they added to the pods' counters here keeps the cycle
 short. What the verdicts mean for the plan is pure (`decide.verdicts`, `decide.pairs`).

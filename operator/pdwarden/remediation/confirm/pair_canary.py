@@ -4,7 +4,7 @@ the way the engine's own router sends it, so the KV really moves between the two
 Why it exists: a frozen engine behind a live API server shows nothing but flat counters, and so
 does an idle one; a prefill frozen with no read in flight shows nothing at all. Nobody else asks
 the real transfer path of a pair (SGLang's /health uses a fake bootstrap, Dynamo's canary skips
-vLLM decodes). So a pod that went quiet (`decide.pairs`) is asked, through its pair's own PD
+vLLM decodes). So a pod whose counters stopped (`decide.pairs`) is asked, through its pair's own PD
 path: for vLLM, the prefill leg with `kv_transfer_params.do_remote_decode` and the decode leg
 with the prefill's answer, which makes the decode pull the KV over NIXL.
 
