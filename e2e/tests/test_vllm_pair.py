@@ -39,9 +39,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import threading
 import time
 import urllib.request
+from http.client import HTTPConnection
 from typing import Any
 
 import pytest
@@ -220,15 +222,38 @@ def test_healthy_load_through_the_router_draws_no_finding_and_no_action(
                 errors.append(str(exc)[:300])
             n += 1
 
+    dropped: list[float] = []
+
+    def dropping(seed: int) -> None:
+        """A client that hangs up at a random moment of its request: before the prefill
+        answered, while the decode reads the KV, or mid-stream (streamed, after 0-600 ms)."""
+        rng = random.Random(seed)
+        host, port = router.removeprefix("http://").split(":")
+        while time.monotonic() < stop:
+            body = json.dumps({"model": SERVED_NAME, "prompt": "a client that hangs up",
+                               "max_tokens": 24, "ignore_eos": True, "stream": True})  # fmt: skip
+            conn = HTTPConnection(host, int(port), timeout=30)
+            try:
+                conn.request("POST", "/v1/completions", body,
+                             {"Content-Type": "application/json"})  # fmt: skip
+                wait = rng.uniform(0.0, 0.6)
+                time.sleep(wait)  # the moment this client hangs up, not a wait for an outcome
+                dropped.append(wait)
+            finally:
+                conn.close()
+
     cycles_before = vllm_pd.operator.metric("pdwarden_remediation_cycles_total")
     threads = [threading.Thread(target=loop, args=(i,)) for i in range(LOAD_LOOPS)]
+    threads.append(threading.Thread(target=dropping, args=(7,)))  # a third of the clients
     for t in threads:
         t.start()
     for t in threads:
         t.join(LOAD_SECONDS + 180)
     vllm_pd.operator.wait_cycles(2)  # cycles that judged the end of the run have finished
+    print(f"\n[vllm] healthy load: {len(done)} answered, {len(dropped)} dropped by their client",
+          flush=True)  # fmt: skip
     assert not errors, errors[:3]
-    assert len(done) >= LOAD_LOOPS
+    assert len(done) >= LOAD_LOOPS and len(dropped) >= 10
     assert vllm_pd.operator.metric("pdwarden_remediation_cycles_total") > cycles_before
     # Idle after the load: the pair goes quiet and gets pair canaries, which must decode.
     vllm_pd.cluster.wait_until(
@@ -243,6 +268,13 @@ def test_healthy_load_through_the_router_draws_no_finding_and_no_action(
     assert vllm_pd.operator.metric("pdwarden_wedges_detected_total") == 0
     for outcome in ("prefill_dead", "decode_dead"):
         assert vllm_pd.operator.metric("pdwarden_pair_canaries_total", outcome=outcome) == 0
+    # Client aborts are no fault: no Warning Event (no LateNotification for a read-done about a
+    # request the prefill dropped when its client went).
+    warnings = json.loads(vllm_pd.cluster.kubectl(
+        "get", "events", "-n", vllm_pd.namespace, "--field-selector", "type=Warning", "-o", "json",
+    ).stdout)["items"]  # fmt: skip
+    assert [e["message"] for e in warnings if e.get("source", {}).get("component") == "pdwarden"
+            or e.get("reportingComponent") == "pdwarden"] == []  # fmt: skip
     # A stall a canary meets once on these busy cores is a suspect, asked again, never acted on.
     op = vllm_pd.operator
     suspects = op.metric("pdwarden_pair_canaries_total", outcome="suspect")
