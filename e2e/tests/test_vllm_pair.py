@@ -233,12 +233,13 @@ def test_healthy_load_through_the_router_draws_no_finding_and_no_action(
             body = json.dumps({"model": SERVED_NAME, "prompt": "a client that hangs up",
                                "max_tokens": 24, "ignore_eos": True, "stream": True})  # fmt: skip
             conn = HTTPConnection(host, int(port), timeout=30)
+            hang_up = time.monotonic() + rng.uniform(0.0, 0.6)
             try:
                 conn.request("POST", "/v1/completions", body,
                              {"Content-Type": "application/json"})  # fmt: skip
-                wait = rng.uniform(0.0, 0.6)
-                time.sleep(wait)  # the moment this client hangs up, not a wait for an outcome
-                dropped.append(wait)
+                if _read_until(conn, hang_up):  # the whole answer came first: not a drop
+                    continue
+                dropped.append(hang_up)
             finally:
                 conn.close()
 
@@ -284,6 +285,23 @@ def test_healthy_load_through_the_router_draws_no_finding_and_no_action(
           f"{suspects:.0f} suspect, "
           f"{op.metric('pdwarden_pair_canaries_total', outcome='unknown'):.0f} unknown",
           flush=True)  # fmt: skip
+
+
+def _read_until(conn: HTTPConnection, hang_up: float) -> bool:
+    """Read the answer to the request sent on `conn` until the monotonic `hang_up`; whether it
+    ended before then (False: the client hangs up on it)."""
+    sock = conn.sock
+    assert sock is not None
+    try:
+        sock.settimeout(max(hang_up - time.monotonic(), 0.001))
+        resp = conn.getresponse()
+        while (left := hang_up - time.monotonic()) > 0:
+            sock.settimeout(left)
+            if not resp.read1(4096):
+                return True
+    except TimeoutError:
+        pass
+    return False
 
 
 def test_requests_that_skip_the_prefill_are_reported_as_disaggregation_off(

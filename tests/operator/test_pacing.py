@@ -50,12 +50,25 @@ def test_a_call_waits_for_a_free_slot_and_gives_up_at_its_deadline() -> None:
         pacer.refused()  # one at a time
         assert await pacer.acquire(time.monotonic() + 1)
         gave_up = not await pacer.acquire(time.monotonic() + 0.05)
+        queued = asyncio.Event()
+        pacer._waiting = _Queue(queued)  # the pacer signals nothing when a call queues: this does
         waiter = asyncio.create_task(pacer.acquire(time.monotonic() + 5))
-        async with asyncio.timeout(1):  # until the pacer has queued it (it signals nothing)
-            while not pacer._waiting:  # noqa: ASYNC110
-                await asyncio.sleep(0.001)
+        async with asyncio.timeout(1):
+            await queued.wait()
         assert len(pacer._waiting) == 1 and not waiter.done()
         pacer.release()  # the first call answered: the waiter goes
         return gave_up, await waiter, pacer.running
 
     assert asyncio.run(main()) == (True, True, 1)
+
+
+class _Queue(list[asyncio.Future[None]]):
+    """The pacer's wait list, setting `queued` when a call joins it."""
+
+    def __init__(self, queued: asyncio.Event) -> None:
+        super().__init__()
+        self.queued = queued
+
+    def append(self, turn: asyncio.Future[None]) -> None:
+        super().append(turn)
+        self.queued.set()

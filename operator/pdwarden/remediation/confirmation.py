@@ -76,10 +76,10 @@ async def confirm_pairs(
     r: Round[Any, Any, Any], detection: Detection, views: Sequence[PodView]
 ) -> Detection:
     """The confirm stage's pair canaries (engines that have one, `Engine.pair_canary`): each
-    quiet or stalled pod, at most once per canary.quietSeconds, gets a canary through its
-    pair's own PD path, and a side that missed it is asked again at once until it answers or
-    missed canary.failureThreshold in a row (`decide.pairs` picks the pairs, counts the misses
-    and reads the outcomes); what each canary added to the pods' counters is remembered, so
+    still pod, at most once per canary.quietSeconds, gets a canary through its pair's own PD
+    path, and a side that missed it is asked again at once until it answers or missed
+    canary.failureThreshold in a row (`decide.pairs` picks the pairs, counts the misses and
+    reads the outcomes); what each canary added to the pods' counters is remembered, so
     detection never reads it as progress. Never raises (but cancellation)."""
     shape = engines.get(r.spec.engine).pair_canary
     knobs = r.spec.remediation.canary
