@@ -500,8 +500,8 @@ def _entries(vllm_pd: VllmPD, action: str, uid: str) -> list[dict[str, Any]]:
     return [e for e in _history(vllm_pd) if e.get("action") == action and e.get("uid") == uid]
 
 
-# A quiet window and a pair canary (or, as a fallback, its lease), restartAfterSeconds, a one-token
-# canary (30 s), a cold restart.
+# A quiet window and a pair canary (or, as a fallback, its lease), restartAfterSeconds (the pair
+# canaries hold it dead; the one-token canary, 30 s, only where they cannot tell), a cold restart.
 @pytest.mark.timeout(900)
 def test_a_decode_frozen_behind_its_api_server_is_confirmed_by_a_canary_and_restarted(
     vllm_pd: VllmPD,
@@ -539,6 +539,8 @@ def test_a_decode_frozen_behind_its_api_server_is_confirmed_by_a_canary_and_rest
             lambda: _entries(vllm_pd, "RestartDecode", uid),
             timeout=RESTART_AFTER + 4 * CANARY_SECONDS + 120,
         )
+        print(f"[vllm] frozen decode -> RestartDecode {time.monotonic() - t0:.0f}s after the "
+              f"freeze: {restart['reason']}", flush=True)  # fmt: skip
         assert "still dead" in restart["reason"], restart
     finally:
         thaw(frozen)

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pdwarden.remediation.decide.pairs import (
     MAX_PAIRS,
     ask_again,
+    held_dead,
     judged,
     pairs_to_ask,
     still,
@@ -103,6 +104,22 @@ def test_decode_dead_makes_the_decode_dead_for_the_ladder() -> None:
     assert "d-0" not in got.healthy_decodes
     [f] = got.findings  # announced once as a wedge (WedgeDetected), repaired by rungs 2-4
     assert (f.pod, f.role, f.reason) == ("d-0", "decode", "DecodeDead")
+
+
+def test_a_decode_dead_by_its_last_canaries_stays_dead_while_still_and_unasked() -> None:
+    views = [
+        view("d-0", "decode", flat("decode")),
+        view("d-1", "decode", busy("decode")),  # its counters move again: not held
+        view("d-2", "decode", flat("decode")),  # asked this cycle: its own outcome counts
+        view("d-3", "decode", flat("decode")),  # below the threshold: a suspect, not dead
+        view("p-0", "prefill", flat("prefill")),  # a prefill's repair is one action: not held
+    ]
+    misses = {"d-0": 2, "d-1": 2, "d-2": 2, "d-3": 1, "p-0": 2}
+    assert held_dead(views, misses, 2, {"d-2", "p-0"}) == {"d-0": 2}
+    got = with_pair_outcomes(Detection(healthy_decodes=frozenset({"d-0"})), [], {"d-0": 2})
+    assert got.dead_decodes == {"d-0"} and "d-0" not in got.healthy_decodes
+    [f] = got.findings
+    assert (f.pod, f.reason) == ("d-0", "DecodeDead") and "last 2 canaries" in f.evidence
 
 
 def test_prefill_dead_is_a_prefill_dead_finding_on_the_prefill() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
-from shell_fakes import KubeFake, WorkerFake, cluster
+from shell_fakes import CanaryFake, KubeFake, WorkerFake, cluster
 
 from pdwarden.constants import KIND, LABEL_ROLE
 from pdwarden.handlers.on_deployment import OperatorState, remediation_cycle
@@ -128,6 +128,56 @@ def test_a_decode_frozen_behind_its_api_server_is_cordoned_once_a_pair_canary_fi
     assert "pair canary" in entry["reason"]
     assert sent("decode_dead") == before + 1
     assert remediated() == repaired + 1  # observed when the repair landed, not at detection
+
+
+def test_a_cordoned_decode_dead_by_pair_canaries_stays_dead_and_is_restarted_without_waits(
+    kube: KubeFake,
+) -> None:
+    """Between two pair canaries a decode they found dead stays dead while its counters stand
+    still: never put back, restarted restartAfterSeconds after the cordon, and never asked for
+    the one-token canary (which holds a cycle for 30 s on a dead decode to learn nothing new)."""
+    workers = ClockWorkers(frozen={"pd-decode-1"})
+    pair = PairFake(outcomes={("pd-prefill-0", "pd-decode-1"): "decode_dead"})
+    canary = CanaryFake(verdicts={"pd-decode-1": "dead"})
+    cluster(kube, prefill=1, decode=2, canary={"failureThreshold": 1})
+    kube.objects[(KIND, "ns", "pd")]["spec"]["engine"] = "vllm"
+    state = OperatorState(client=kube, workers=workers, admin=workers, token_key=KEY,
+                          pair=pair, canary=canary)  # fmt: skip
+    cycles(state, kube, 2)
+    assert [e["action"] for e in history(kube)] == ["CordonDecode"]
+    cycles(state, kube, 3)  # inside the quiet window: not asked, still dead, still cordoned
+    assert pair.asked == [("pd-prefill-0", "pd-decode-1")] and canary.asked == []
+    assert [e["action"] for e in history(kube)] == ["CordonDecode"]
+    [wedge] = kube.obj(KIND, "ns", "pd")["status"]["wedges"]  # one finding, held all along
+    assert (wedge["pod"], wedge["reason"]) == ("pd-decode-1", "DecodeDead")
+    assert [e["reason"] for e in kube.events].count("WedgeDetected") == 1
+    # restartAfterSeconds (60) have passed since the cordon
+    kube.objects[("Pod", "ns", "pd-decode-1")]["status"]["conditions"][-1][
+        "lastTransitionTime"] = "2020-01-01T00:00:00Z"  # fmt: skip
+    cycles(state, kube, 1)
+    assert [e["action"] for e in history(kube)] == ["CordonDecode", "RestartDecode"]
+    assert "still dead, canary: pair canary: no answer to the last 1" in history(kube)[-1]["reason"]
+    assert canary.asked == []  # the pair canaries' verdict stood for it in every cycle
+
+
+def test_a_cordoned_decode_that_answers_a_pair_canary_is_no_longer_held_dead(
+    kube: KubeFake,
+) -> None:
+    """One answer ends it: the decode is put back (this fake's idle decode is healthy)."""
+    workers = ClockWorkers(frozen={"pd-decode-1"})
+    pair = PairFake(script=["decode_dead"])  # then every canary decodes
+    canary = CanaryFake()
+    cluster(kube, prefill=1, decode=2, canary={"failureThreshold": 1, "quietSeconds": 2})
+    kube.objects[(KIND, "ns", "pd")]["spec"]["engine"] = "vllm"
+    kube.objects[("Pod", "ns", "pd-decode-0")]["metadata"]["labels"][LABEL_ROLE] = "x"  # one pair
+    state = OperatorState(client=kube, workers=workers, admin=workers, token_key=KEY,
+                          pair=pair, canary=canary)  # fmt: skip
+    asked(state, kube, pair, 1)
+    assert [e["action"] for e in history(kube)] == ["CordonDecode"]
+    asked(state, kube, pair, 2)  # it answered: no longer dead, and healthy for a full window
+    assert [e["action"] for e in history(kube)] == ["CordonDecode", "UncordonDecode"]
+    assert "pair canary: decoded" in history(kube)[-1]["reason"]
+    assert canary.asked == []
 
 
 def test_a_prefill_a_pair_canary_finds_dead_is_restarted(kube: KubeFake) -> None:

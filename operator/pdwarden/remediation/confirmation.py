@@ -19,7 +19,13 @@ from typing import Any
 from pdwarden import engines, metrics
 from pdwarden.api import LedgerEntry
 from pdwarden.remediation.decide import PodState, verdicts
-from pdwarden.remediation.decide.pairs import ask_again, judged, pairs_to_ask, with_pair_outcomes
+from pdwarden.remediation.decide.pairs import (
+    ask_again,
+    held_dead,
+    judged,
+    pairs_to_ask,
+    with_pair_outcomes,
+)
 from pdwarden.remediation.detect.evidence import PodView
 from pdwarden.remediation.detect.rules import Detection
 from pdwarden.remediation.memory import DeploymentMemory, PodMemory
@@ -46,6 +52,9 @@ async def confirm(
     """
     dry_run = r.spec.remediation.mode == "DryRun"
     names = verdicts.candidates(r.spec.engine, detection, decodes, history, dry_run=dry_run)
+    # A decode a pair canary already judged this cycle (`confirm_pairs`, run first) is not asked
+    # again: a dead one would hold the cycle for the whole deadline to learn nothing new.
+    names = tuple(n for n in names if n not in detection.canaries)
     targets = [t for t in (r.seen.target(n) for n in names) if t is not None]
     if not targets:
         return detection
@@ -88,18 +97,19 @@ async def confirm_pairs(
     sender = r.tools.pair
     uids = {v.name: v.uid for v in views}
     asked = {n: at for n, u in uids.items() if (at := _canary_at(r.mem, u)) is not None}
+    misses = {n: pm.canary_misses for n, u in uids.items() if (pm := r.mem.pods.get(u))}
     started = time.monotonic()
     pairs = [
         (p, d, pt, dt)
         for p, d in pairs_to_ask(views, asked, started, knobs.quiet_seconds)
         if (pt := r.seen.target(p)) is not None and (dt := r.seen.target(d)) is not None
     ]
+    now_asked = {name for p, d, _, _ in pairs for name in (p, d)}
+    held = held_dead(views, misses, knobs.failure_threshold, now_asked)
     if not pairs:
-        return detection
-    for p, d, _, _ in pairs:
-        for name in (p, d):
-            r.mem.pods.setdefault(uids[name], PodMemory()).canary_at = started
-    misses = {n: pm.canary_misses for n, u in uids.items() if (pm := r.mem.pods.get(u))}
+        return with_pair_outcomes(detection, [], held)
+    for name in now_asked:
+        r.mem.pods.setdefault(uids[name], PodMemory()).canary_at = started
 
     async def send(pt: Target, dt: Target) -> PairResult:
         # The first canary through a pair makes its KV handshake: the long deadline (measured).
@@ -146,7 +156,7 @@ async def confirm_pairs(
                 "%s/%s: pair canary %s -> %s: %s (%s)", r.seen.namespace,
                 r.body["metadata"]["name"], res.prefill, res.decode, res.outcome, res.detail,
             )  # fmt: skip
-    return with_pair_outcomes(detection, results)
+    return with_pair_outcomes(detection, results, held)
 
 
 def _incarnation(seen: Seen, target: Target) -> str:

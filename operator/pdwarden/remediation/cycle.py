@@ -150,8 +150,8 @@ async def run(
     reset_at = breaker_reset_at(annotations, meta.get("generation"), shared, r.now)
     decodes, prefills = kind.serving(spec, seen, stale, history, r.now)
     confirming = time.monotonic()
+    detection = await confirm_pairs(r, detection, views)  # first: what it judged is not re-asked
     detection = await confirm(r, detection, decodes, plan_history)
-    detection = await confirm_pairs(r, detection, views)
     evidence_at += time.monotonic() - confirming  # a canary gathers evidence; it does not age it
     decision = plan(
         rem, detection, decodes, plan_history, r.now,

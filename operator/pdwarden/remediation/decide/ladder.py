@@ -40,7 +40,8 @@ a prefill's LeaseExpired shows it, naming as suspects the decodes whose token co
 move (detect/pull.py). So on vLLM the cycle asks each suspect, and each decode cordoned by us,
 for one token (remediation.confirm.canary: GET /v1/models, which the API server answers from
 its configuration without the engine, entrypoints/openai/models/serving.py:64; then a one-token
-completion under a deadline; folded in by decide.verdicts) before this plan runs:
+completion under a deadline; folded in by decide.verdicts) before this plan runs, unless a pair
+canary judged that decode this cycle or still holds it dead (decide.pairs, `held_dead`):
 
 2v. A decode the canary confirms dead is stalled for rungs 2-4: CordonDecode, then RestartDecode
     restartAfterSeconds after the cordon while it stays dead. One it finds alive again is

@@ -25,11 +25,17 @@ pods' histories, unit-tested without a network.
   dead verdict does (rung 2v: cordon, then restart while it stays dead); prefill_dead is a
   PrefillDead finding on the prefill (rung 1p: restart it); decoded proves both alive; suspect
   and unknown prove nothing and never act.
+* A decode found dead stays dead between its canaries (`held_dead`) while its counters stand
+  still and it answered nothing since: its repair spans cycles (cordon, then restart
+  restartAfterSeconds later), and a cycle in the quiet window after its last canary learns
+  nothing new of it. So that cycle needs no one-token canary on it either (30 s a cycle, the
+  object's lock held); the next canary through it, within a quiet window, asks again, and one
+  answer ends it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Final
 
@@ -120,12 +126,35 @@ def ask_again(results: Sequence[PairResult], misses: Mapping[str, int], threshol
     return judged_results[-1].outcome == "suspect"
 
 
-def with_pair_outcomes(detection: Detection, results: Sequence[PairResult]) -> Detection:
-    """`detection` as the plan reads it once the pair canaries answered."""
-    if not results:
+def held_dead(
+    views: Sequence[PodView], misses: Mapping[str, int], threshold: int, asked: Collection[str]
+) -> dict[str, int]:
+    """Decode -> canaries in a row it gave no answer to, for each decode not asked this cycle
+    that is still dead by its last canaries: `threshold` misses or more, none answered since,
+    its counters still standing still."""
+    return {
+        v.name: n
+        for v in views
+        if v.role == ROLE_DECODE
+        and v.name not in asked
+        and (n := misses.get(v.name, 0)) >= threshold
+        and still(v)
+    }
+
+
+def with_pair_outcomes(
+    detection: Detection, results: Sequence[PairResult], held: Mapping[str, int] | None = None
+) -> Detection:
+    """`detection` as the plan reads it once the pair canaries answered, with the decodes
+    `held_dead` (decode -> misses in a row) still dead."""
+    if not results and not held:
         return detection
     findings = list(detection.findings)
     canaries = dict(detection.canaries)
+    for name, n in sorted((held or {}).items()):
+        why = f"pair canary: no answer to the last {n} canaries, still since"
+        canaries[name] = CanaryResult(name, "dead", why)
+        findings.append(Finding(pod=name, role=ROLE_DECODE, reason="DecodeDead", evidence=why))
     for r in results:
         if r.outcome == "prefill_dead":
             findings.append(

@@ -9,7 +9,8 @@ pod is cordoned, so both are plain functions here, unit-tested without a network
 * candidates: the decodes a LeaseExpired finding names as suspects this cycle, plus the decodes
   cordoned by us (in DryRun: by a recorded decision), so the ladder can tell "still dead"
   (RestartDecode after restartAfterSeconds) from "alive again" (UncordonDecode). Never a pod
-  that is stale, terminating or not running (those are stale to the cycle too), at most once.
+  that is stale, terminating or not running (those are stale to the cycle too), at most once;
+  the confirm stage leaves out those a pair canary already judged this cycle.
   DryRun asks too: a canary changes nothing, and the decision it leads to is only recorded.
 * with_verdicts: a dead verdict makes the decode stalled and never healthy (ladder.py, rung 2v,
   then treats it as serving nobody); alive and unknown change nothing. Every verdict on a
