@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 CLUSTER_DIR := .cluster
 
 .PHONY: help venv lint types imports test test-gpu cluster-bin lws-bin prometheus-bin vllm-venv cluster-up cluster-down demo bench \
-	bench-gpu bench-fleet crd manifests images
+	bench-gpu bench-fleet bench-repair crd manifests images
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -78,6 +78,10 @@ bench: $(STAMP) cluster-bin  ## benchmarks; results in bench/results and bench/R
 bench-fleet: $(STAMP) cluster-bin lws-bin  ## the operator at fleet scale on kwok beside LWS; bench/results/fleet[-quick].json
 	@test -x $(BIN)/py-spy || $(BIN)/python -m pip install --quiet py-spy
 	$(BIN)/python -m bench.fleet $(if $(QUICK),--quick)
+
+# ~15 min: the real vLLM pair's fault scenarios at default settings, their figures as data.
+bench-repair: $(STAMP) cluster-bin vllm-venv  ## time to repair per scenario on the real vLLM pair, beside the engine alone; bench/results/repair.json
+	$(BIN)/python -m bench.repair
 
 PYRUN ?= $(BIN)/python
 

@@ -49,6 +49,7 @@ from typing import Any
 import pytest
 from e2e.httpjson import http
 from e2e.pdtools import status, wait_ready
+from e2e.repair_times import record
 from e2e.vllm.client import PREFILL_PARAMS, metric, pd_complete, url
 from e2e.vllm.faults import engine_processes, freeze_engine, kill_engine, thaw
 from e2e.vllm.fixtures import LEG, QUIET, RESTART_AFTER, SCRAPE, WEDGE_AFTER, VllmPD
@@ -441,6 +442,8 @@ def test_a_read_stuck_on_a_frozen_prefill_restarts_the_prefill_and_the_request_i
         # The router finds the new pod within its 2 s discovery refresh: retried while it says
         # 503.
         assert generate_when_served(vllm_pd.router)["usage"]["completion_tokens"] == 4  # type: ignore[index]
+        record("vllm", "frozen prefill, a KV read in flight", action=entry["action"],
+               action_seconds=took, serving_seconds=time.monotonic() - frozen_at)  # fmt: skip
     finally:
         answered, refused = load.stop()
     print(f"[vllm] load through the prefill's restart: {answered} answered, {refused} refused",
@@ -531,7 +534,8 @@ def test_a_decode_frozen_behind_its_api_server_is_confirmed_by_a_canary_and_rest
             lambda: _entries(vllm_pd, "CordonDecode", uid),
             timeout=KV_LEASE_SECONDS + WEDGE_AFTER + 3 * CANARY_SECONDS + 120,
         )
-        print(f"[vllm] frozen decode -> CordonDecode {time.monotonic() - t0:.0f}s after the "
+        cordoned = time.monotonic() - t0
+        print(f"[vllm] frozen decode -> CordonDecode {cordoned:.0f}s after the "
               f"freeze: {cordon['reason']}", flush=True)  # fmt: skip
         assert cordon["pod"] == name and "canary" in cordon["reason"], cordon
         (restart,) = vllm_pd.cluster.wait_until(
@@ -539,7 +543,8 @@ def test_a_decode_frozen_behind_its_api_server_is_confirmed_by_a_canary_and_rest
             lambda: _entries(vllm_pd, "RestartDecode", uid),
             timeout=RESTART_AFTER + 4 * CANARY_SECONDS + 120,
         )
-        print(f"[vllm] frozen decode -> RestartDecode {time.monotonic() - t0:.0f}s after the "
+        restarted = time.monotonic() - t0
+        print(f"[vllm] frozen decode -> RestartDecode {restarted:.0f}s after the "
               f"freeze: {restart['reason']}", flush=True)  # fmt: skip
         assert "still dead" in restart["reason"], restart
     finally:
@@ -548,6 +553,9 @@ def test_a_decode_frozen_behind_its_api_server_is_confirmed_by_a_canary_and_rest
                STARTUP_SECONDS, "pd")  # fmt: skip
     assert vllm_pd.pod("decode")["metadata"]["uid"] != uid
     assert generate_when_served(vllm_pd.router)["usage"]["completion_tokens"] == 4  # type: ignore[index]
+    record("vllm", "frozen decode behind its live API server", action="CordonDecode",
+           action_seconds=cordoned, restart_seconds=restarted,
+           serving_seconds=time.monotonic() - t0)  # fmt: skip
     client.join(180)
     print(f"[vllm] the request in flight on the frozen decode got {answer[:1]!r:.300}", flush=True)
     actions = [e["action"] for e in _history(vllm_pd)[before:]]
@@ -569,6 +577,7 @@ def test_a_killed_engine_is_restarted_and_the_pair_serves_again(vllm_pd: VllmPD)
     decode = vllm_pd.pod("decode")
     uid, restarts = decode["metadata"]["uid"], _restart_count(decode)
     killed = kill_engine(uid)
+    killed_at = time.monotonic()
     print(f"[vllm] killed the decode's engine processes {killed}", flush=True)
     vllm_pd.cluster.wait_until(
         "the decode's container restarted by the kubelet",
@@ -585,6 +594,8 @@ def test_a_killed_engine_is_restarted_and_the_pair_serves_again(vllm_pd: VllmPD)
     assert vllm_pd.pod("decode")["metadata"]["uid"] == uid  # the same pod, a new container
     answer = generate_when_served(vllm_pd.router)
     assert answer["usage"]["completion_tokens"] == 4  # type: ignore[index]
+    record("vllm", "decode engine killed", action=None, action_seconds=None,
+           serving_seconds=time.monotonic() - killed_at)  # fmt: skip
     assert not set(engine_processes(uid)) & set(killed)
     assert not [e for e in _history(vllm_pd) if e.get("uid") == uid]  # nothing to repair
 

@@ -29,6 +29,7 @@ import pytest
 from e2e.fixtures import Cluster, OperatorProcess
 from e2e.pdtools import apply, get_json, pod_condition, recorded
 from e2e.policy_pool import open_namespace
+from e2e.repair_times import record
 from e2e.vllm.client import pd_complete
 from e2e.vllm.faults import freeze_engine, thaw
 from e2e.vllm.fixtures import VllmModel, preflight
@@ -182,7 +183,8 @@ def test_an_idle_frozen_foreign_prefill_is_found_by_a_pair_canary_and_restarted(
             ],
             WEDGE_AFTER + 20 * SCRAPE + 60,
         )
-        print(f"[vllm] idle frozen prefill -> RestartPrefill {time.monotonic() - frozen_at:.0f}s "
+        took = time.monotonic() - frozen_at
+        print(f"[vllm] idle frozen prefill -> RestartPrefill {took:.0f}s "
               f"after the freeze: {entry['reason']}", flush=True)  # fmt: skip
         assert entry["uid"] == uid and entry["reason"].startswith("PrefillDead: pair canary"), entry
     finally:
@@ -197,4 +199,6 @@ def test_an_idle_frozen_foreign_prefill_is_found_by_a_pair_canary_and_restarted(
         pd_complete(prefill_ip, decode_ip, "serving again", 4).decode["usage"]["completion_tokens"]
         == 4
     )
+    record("vllm", "idle pool, frozen prefill (no read in flight)", action="RestartPrefill",
+           action_seconds=took, serving_seconds=time.monotonic() - frozen_at)  # fmt: skip
     assert [e["action"] for e in foreign.ledger()] == ["RestartPrefill"]  # one repair only
