@@ -99,6 +99,18 @@ PAIR_CANARIES = Counter(
     "fewer times in a row so far; unknown: anything else).",
     ["outcome"],
 )
+CANARY_REQUESTS = Counter(
+    "pdwarden_canary_requests",
+    "Requests canaries made to worker pods, by kind (pair: one per leg sent; token: the "
+    "one-token canary's model list and completion): what probing costs the pods.",
+    ["kind"],
+)
+CANARY_WAIT_SECONDS = Counter(
+    "pdwarden_canary_wait_seconds",
+    "Seconds remediation cycles waited on canary answers, by kind (pair, token): what probing "
+    "costs the operator (a cycle holds its object's lock while it waits).",
+    ["kind"],
+)
 PAIR_CANARY_SECONDS = Histogram(
     "pdwarden_pair_canary_seconds",
     "Seconds a pair canary took from the prefill leg to the decode's token, when both answered.",
@@ -156,3 +168,6 @@ def declare_series(actions: Iterable[str], reasons: Iterable[str]) -> None:
         CANARIES.labels(verdict)
     for outcome in PAIR_OUTCOMES:
         PAIR_CANARIES.labels(outcome)
+    for kind in ("pair", "token"):
+        CANARY_REQUESTS.labels(kind)
+        CANARY_WAIT_SECONDS.labels(kind)

@@ -131,6 +131,23 @@ CanaryVerdict = Literal["alive", "dead", "unknown"]
 
 
 @dataclass(frozen=True)
+class CanaryCost:
+    """What canaries cost one object in one cycle (or, summed, since counting began): canaries
+    sent (pair and one-token), the requests they made to pods (a pair canary: one per leg sent;
+    a one-token canary: its model list and its completion), and the seconds the cycle waited
+    on their answers."""
+
+    sent: int = 0
+    requests: int = 0
+    seconds: float = 0.0
+
+    def __add__(self, other: CanaryCost) -> CanaryCost:
+        return CanaryCost(
+            self.sent + other.sent, self.requests + other.requests, self.seconds + other.seconds
+        )
+
+
+@dataclass(frozen=True)
 class CanaryResult:
     """What one canary generation on a decode pod found (`remediation.confirm.canary`).
 

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pdwarden.api import (
+    CanaryTally,
     Condition,
     CordonRecord,
     DecodeStatus,
@@ -96,6 +97,7 @@ def wedged() -> dict[str, Any]:
         remediation=RemediationStatus(
             history=history, cordoned=[CordonRecord(pod="demo-decode-2", since=at(95))],
             actions_last_hour=6, suspended=False, decode_budget=1,
+            canaries=CanaryTally(sent=42, requests=80, seconds=31.25, since=at(3600), last=at(5)),
         ),
     )  # fmt: skip
     wire = status_to_wire(status)

@@ -23,6 +23,7 @@ from pdwarden.remediation.record.ledger import (
     merge_history,
     rebase,
 )
+from pdwarden.values import CanaryCost
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -119,3 +120,18 @@ def test_rebase_keeps_both_writers_entries_and_each_writers_own_fields() -> None
     assert merged.observed_generation == 2  # theirs: we did not change it
     assert [c.type for c in merged.conditions] == ["Wedged"]  # ours
     assert merged.phase == "Wedged"
+
+
+def test_what_canaries_cost_is_summed_from_the_previous_status() -> None:
+    quiet = _status([], limit=5)
+    assert quiet.remediation is not None and quiet.remediation.canaries is None  # none sent yet
+    first = _status([], limit=5, detection=Detection(canary_cost=CanaryCost(2, 3, 4.25)))
+    tally = first.remediation.canaries if first.remediation else None
+    assert tally is not None and (tally.sent, tally.requests, tally.seconds) == (2, 3, 4.25)
+    assert tally.since == tally.last == NOW
+    later = _status([], limit=5, previous=first,
+                    detection=Detection(canary_cost=CanaryCost(1, 2, 0.5)))  # fmt: skip
+    again = later.remediation.canaries if later.remediation else None
+    assert again is not None and (again.sent, again.requests, again.seconds) == (3, 5, 4.75)
+    idle = _status([], limit=5, previous=later)  # a cycle without canaries keeps the sum
+    assert idle.remediation is not None and idle.remediation.canaries == again

@@ -53,6 +53,7 @@ def test_wedged_view_shows_pools_wedges_evidence_actions_and_breaker() -> None:
     assert "48m" in actions[9] and "51m" not in text  # only the last 10
     assert "BREAKER: closed (6 of 20 actions in the last hour)" in out
     assert "cordoned now: demo-decode-2 (for 1m35s)" in text
+    assert "CANARIES: 42 sent, 80 requests to pods, 31.2s waited on answers, since 1h0m ago" in out
 
 
 def test_every_line_fits_a_100_column_terminal() -> None:

@@ -92,9 +92,15 @@ def test_still_dead_after_restart_after_seconds_the_cordoned_decode_is_restarted
     canary = CanaryFake(verdicts={"pd-decode-0": "dead"})
     state = OperatorState(client=kube, workers=workers, admin=workers, token_key=KEY,
                           canary=canary)  # fmt: skip
+    before = REGISTRY.get_sample_value("pdwarden_canary_requests_total", {"kind": "token"}) or 0
     cycle(state, kube)
     cycle(state, kube)
     assert [e["action"] for e in history(kube)] == ["CordonDecode"]
+    # Its cost: a model list and a completion per canary, in the metrics and the ledger.
+    tally = kube.obj(KIND, "ns", "pd")["status"]["remediation"]["canaries"]
+    assert tally["sent"] >= 1 and tally["requests"] >= 2
+    after = REGISTRY.get_sample_value("pdwarden_canary_requests_total", {"kind": "token"})
+    assert after == before + 2 * len(canary.asked)
     # restartAfterSeconds (10) have passed since the cordon; the leases stop expiring, so the
     # canary runs only because the pod is cordoned by us.
     kube.objects[("Pod", "ns", "pd-decode-0")]["status"]["conditions"][-1][

@@ -128,6 +128,23 @@ def test_a_decode_frozen_behind_its_api_server_is_cordoned_once_a_pair_canary_fi
     assert "pair canary" in entry["reason"]
     assert sent("decode_dead") == before + 1
     assert remediated() == repaired + 1  # observed when the repair landed, not at detection
+    tally = kube.obj(KIND, "ns", "pd")["status"]["remediation"]["canaries"]
+    assert (tally["sent"], tally["requests"]) == (1, 2)  # one canary, both legs sent
+
+
+def test_what_canaries_cost_is_summed_in_the_ledger_across_cycles(kube: KubeFake) -> None:
+    """Idle pods: one decoded canary per pod per quiet window; the status sums them (and the
+    seconds waited) cycle after cycle, from what it said before."""
+    workers = ClockWorkers(frozen={"pd-prefill-0", "pd-decode-0", "pd-decode-1"})
+    pair = PairFake()
+    state = setup(kube, workers, pair, canary={"quietSeconds": 2})
+    requests = REGISTRY.get_sample_value("pdwarden_canary_requests_total", {"kind": "pair"})
+    asked(state, kube, pair, 3)
+    tally = kube.obj(KIND, "ns", "pd")["status"]["remediation"]["canaries"]
+    assert (tally["sent"], tally["requests"]) == (3, 6) and tally["seconds"] >= 0
+    assert tally["since"] <= tally["last"]
+    after = REGISTRY.get_sample_value("pdwarden_canary_requests_total", {"kind": "pair"})
+    assert after == (requests or 0) + 6
 
 
 def test_a_cordoned_decode_dead_by_pair_canaries_stays_dead_and_is_restarted_without_waits(

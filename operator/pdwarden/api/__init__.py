@@ -40,6 +40,7 @@ from pdwarden.api.selector import LabelSelector, LabelSelectorRequirement
 from pdwarden.api.spec import Engine, ModelSpec, PDDeploymentSpec, TransferSpec
 from pdwarden.api.status import (
     CONDITION_TYPES,
+    CanaryTally,
     Condition,
     ConditionType,
     CordonRecord,
@@ -57,6 +58,7 @@ __all__ = [
     "DEFAULT_ACTIONS",
     "POLICY_CONDITION_TYPES",
     "Action",
+    "CanaryTally",
     "Condition",
     "ConditionType",
     "CordonRecord",

@@ -144,6 +144,25 @@ class LedgerEntry(StatusModel):
     )
 
 
+class CanaryTally(StatusModel):
+    """What pdwarden's canaries cost this object's pods, summed over its cycles since `since`.
+    A cycle whose status write was lost is not counted (Prometheus has the exact counts:
+    pdwarden_canary_requests_total, pdwarden_canary_wait_seconds_total)."""
+
+    sent: int = Field(0, ge=0, description="Canaries sent: pair canaries and one-token canaries.")
+    requests: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Requests they made to worker pods: one per pair canary leg sent; two per one-token "
+            "canary (its model list and its completion)."
+        ),
+    )
+    seconds: float = Field(0, ge=0, description="Seconds the cycles waited on their answers.")
+    since: AwareDatetime | None = Field(None, description="When counting began.")
+    last: AwareDatetime | None = Field(None, description="When the last canary was sent.")
+
+
 class RemediationStatus(StatusModel):
     """The remediation ledger: bounded, durable memory of what was done and what is held."""
 
@@ -161,6 +180,9 @@ class RemediationStatus(StatusModel):
         None, description="When the breaker was last reset; earlier actions no longer count."
     )
     decode_budget: int = Field(0, ge=0, description="Decode pods remediation may hold now.")
+    canaries: CanaryTally | None = Field(
+        None, description="What the canaries pdwarden sent through the pods cost them."
+    )
 
 
 class PDDeploymentStatus(StatusModel):

@@ -258,6 +258,14 @@ def _breaker(
         )
         budget += f"; cordoned now: {held}"
     lines.append(budget)
+    if isinstance(tally := rem.get("canaries"), dict):
+        waited = tally.get("seconds", 0)
+        waited = f"{waited:.1f}s" if isinstance(waited, int | float) else "?"
+        lines.append(
+            f"CANARIES: {tally.get('sent', 0)} sent, {tally.get('requests', 0)} requests to pods, "
+            f"{waited} waited on answers, since {_when(tally.get('since'), now)}"
+            f"{' ago' if now is not None else ''}"
+        )
     return "\n".join(_wrap(line, width) for line in lines)
 
 

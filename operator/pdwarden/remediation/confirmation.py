@@ -31,7 +31,7 @@ from pdwarden.remediation.detect.rules import Detection
 from pdwarden.remediation.memory import DeploymentMemory, PodMemory
 from pdwarden.remediation.scrape import sanitize
 from pdwarden.remediation.seams import Round, Seen
-from pdwarden.values import CanaryResult, PairResult, Target
+from pdwarden.values import CanaryCost, CanaryResult, PairResult, Target
 
 log = logging.getLogger("pdwarden.remediation.cycle")
 
@@ -69,7 +69,10 @@ async def confirm(
         # Attributed to the pod asked, whatever the answer says; every string bounded.
         return CanaryResult(t.pod, res.verdict, sanitize.text(res.detail, sanitize.MAX_ERROR))
 
+    started = time.monotonic()
     results = await asyncio.gather(*(one(t) for t in targets))
+    cost = CanaryCost(len(results), 2 * len(results), time.monotonic() - started)
+    _count("token", cost)
     for res in results:
         metrics.CANARIES.labels(res.verdict).inc()
         if res.verdict != "alive":  # dead is acted on (and warned of); unknown only logged
@@ -78,6 +81,7 @@ async def confirm(
                 "%s/%s: canary on %s: %s (%s)", r.seen.namespace, r.body["metadata"]["name"],
                 res.pod, res.verdict, res.detail,
             )  # fmt: skip
+    detection = replace(detection, canary_cost=detection.canary_cost + cost)
     return verdicts.with_verdicts(detection, results)
 
 
@@ -136,6 +140,10 @@ async def confirm_pairs(
     ended = time.monotonic()
     through = [(pt, dt) for (_, _, pt, dt), rs in zip(pairs, sent, strict=True) for _ in rs]
     results, counts = judged([res for rs in sent for res in rs], misses, knobs.failure_threshold)
+    legs = sum(int(res.prefill_sent) + int(res.decode_sent) for res in results)
+    cost = CanaryCost(len(results), legs, ended - started)
+    _count("pair", cost)
+    detection = replace(detection, canary_cost=detection.canary_cost + cost)
     for name, n in counts.items():
         if name in uids:
             r.mem.pods.setdefault(uids[name], PodMemory()).canary_misses = n
@@ -157,6 +165,11 @@ async def confirm_pairs(
                 r.body["metadata"]["name"], res.prefill, res.decode, res.outcome, res.detail,
             )  # fmt: skip
     return with_pair_outcomes(detection, results, held)
+
+
+def _count(kind: str, cost: CanaryCost) -> None:
+    metrics.CANARY_REQUESTS.labels(kind).inc(cost.requests)
+    metrics.CANARY_WAIT_SECONDS.labels(kind).inc(cost.seconds)
 
 
 def _incarnation(seen: Seen, target: Target) -> str:

@@ -40,7 +40,7 @@ from pdwarden.remediation.detect.evidence import Finding, PodView
 from pdwarden.remediation.detect.evidence import moved as _moved
 from pdwarden.remediation.detect.evidence import window_of as _window
 from pdwarden.remediation.detect.pull import pull_findings
-from pdwarden.values import CanaryResult, RoomView, Sample
+from pdwarden.values import CanaryCost, CanaryResult, RoomView, Sample
 
 INFLIGHT_PHASE = "inflight"
 FORWARD_PHASE = "forward"
@@ -59,6 +59,8 @@ class Detection:
     # This cycle's canary verdicts by decode pod (vLLM: remediation.decide.verdicts folds them in;
     # a dead one is also in stalled_decodes and never in healthy_decodes).
     canaries: Mapping[str, CanaryResult] = field(default_factory=dict, hash=False)
+    # What this cycle's canaries cost (the confirm stage adds it; the ledger sums it).
+    canary_cost: CanaryCost = field(default_factory=CanaryCost)
 
     @property
     def dead_decodes(self) -> frozenset[str]:

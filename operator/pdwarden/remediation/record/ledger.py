@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from pdwarden.api import (
+    CanaryTally,
     CordonRecord,
     LedgerEntry,
     PDDeploymentStatus,
@@ -41,6 +42,7 @@ from pdwarden.remediation.detect.advisories import PodAdvice
 from pdwarden.remediation.detect.evidence import Finding
 from pdwarden.remediation.detect.rules import Detection
 from pdwarden.remediation.scrape import sanitize
+from pdwarden.values import CanaryCost
 
 SUSPENDED: Final = "RemediationSuspended"
 ADVISORIES: Final = "Advisories"
@@ -134,6 +136,22 @@ def _suspended_message(used: int, limit: int, is_open: bool, held_back: Sequence
     return text + (f". Held back: {held}" if held else "")
 
 
+def tally(before: CanaryTally | None, cost: CanaryCost, now: datetime) -> CanaryTally | None:
+    """The canary tally after a cycle whose canaries cost `cost` (none yet: no tally)."""
+    if not cost.sent:
+        return before
+    if before is None:
+        before = CanaryTally(since=now)
+    return before.model_copy(
+        update={
+            "sent": before.sent + cost.sent,
+            "requests": before.requests + cost.requests,
+            "seconds": round(before.seconds + cost.seconds, 3),
+            "last": now,
+        }
+    )
+
+
 def cycle_status(
     *,
     previous: PDDeploymentStatus,
@@ -162,6 +180,8 @@ def cycle_status(
     remediation = RemediationStatus(
         history=history, cordoned=cordoned, actions_last_hour=state.used, suspended=state.open,
         decode_budget=max(decision.budget, 0), breaker_reset_at=reset_at,
+        canaries=tally((previous.remediation or RemediationStatus()).canaries,
+                       detection.canary_cost, now),
     )  # fmt: skip
     wedged, reason, message = _wedged(detection)
     conditions = set_condition(
