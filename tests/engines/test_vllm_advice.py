@@ -77,6 +77,12 @@ def fired(pod: dict[str, Any]) -> list[tuple[str, str]]:
          [("VLLMExecuteModelTimeoutHuge", "100000")]),
         ((), {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600"}, []),
         ((), {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1e9"}, []),  # vLLM fails at start-up
+        # A key refuses pdwarden's canaries (HTTP 401); the key itself is never shown.
+        (("--api-key", "s3cret"), {}, [("VLLMAPIKeyRefusesCanaries", "set")]),
+        (("--api_key=s3cret",), {}, [("VLLMAPIKeyRefusesCanaries", "set")]),
+        ((), {"VLLM_API_KEY": "s3cret"}, [("VLLMAPIKeyRefusesCanaries", "set")]),
+        ((), {"VLLM_API_KEY": ""}, []),  # vLLM ignores an empty key
+        (("--api-keys", "x"), {}, []),  # another flag
         # Gone in 0.32 (the lease replaced it): nothing to warn of.
         ((), {"VLLM_NIXL_ABORT_REQUEST_TIMEOUT": "1"}, []),
         (("--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector",
@@ -129,3 +135,13 @@ def test_every_rule_cites_its_source_and_one_sentence_of_risk() -> None:
         assert rule.name.startswith("VLLM") and rule.name.isalnum(), rule.name
         assert ".py:" in rule.source, rule.source
         assert rule.risk.endswith(".") and rule.risk.count(". ") == 0, rule.risk
+
+
+def test_a_key_from_a_secret_is_seen_and_its_value_never_read() -> None:
+    pod = vllm_pod()
+    pod["spec"]["containers"][0]["env"] = [
+        {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "k", "key": "key"}}}
+    ]
+    assert fired(pod) == [("VLLMAPIKeyRefusesCanaries", "set")]
+    shell = vllm_pod(command=["sh", "-c", "VLLM_API_KEY=$KEY vllm serve m"])
+    assert fired(shell) == [("VLLMAPIKeyRefusesCanaries", "set")]

@@ -39,6 +39,9 @@ class ServerCommand:
     tokens: tuple[str, ...]
     entry: int  # the index of the token that starts the server
     env: Mapping[str, str]
+    # Every variable the container or the command line sets, literally or not (`valueFrom` a
+    # Secret, `$(VAR)`): whether a setting is on, where its value must not be read or shown.
+    named: frozenset[str] = frozenset()
 
     @property
     def args(self) -> tuple[str, ...]:
@@ -92,6 +95,16 @@ def container_env(container: Mapping[str, Any]) -> dict[str, str]:
     return env
 
 
+def _env_names(container: Mapping[str, Any]) -> list[str]:
+    entries = container.get("env") or []
+    return [
+        e["name"]
+        for e in (entries[:MAX_ENV] if isinstance(entries, list) else [])
+        if isinstance(e, Mapping) and isinstance(e.get("name"), str)
+        and ("valueFrom" in e or e.get("value"))
+    ]  # fmt: skip
+
+
 def server_command(pod: Mapping[str, Any], is_entry: IsEntry) -> ServerCommand | None:
     """The first container whose command line starts the server; None if none does."""
     spec = pod.get("spec")
@@ -104,12 +117,14 @@ def server_command(pod: Mapping[str, Any], is_entry: IsEntry) -> ServerCommand |
         if entry is None:
             continue
         env = container_env(c)
+        named = set(_env_names(c))
         for token in tokens[:entry]:  # `env X=1 python3 -m ...`, `export X=1; python3 ...`
             if (m := _ASSIGNMENT.match(token)) is not None:
+                named.add(m.group(1))
                 value = _literal(m.group(2).rstrip(";"))
                 if value is None:
                     env.pop(m.group(1), None)
                 else:
                     env[m.group(1)] = value
-        return ServerCommand(tuple(tokens), entry, env)
+        return ServerCommand(tuple(tokens), entry, env, frozenset(named))
     return None

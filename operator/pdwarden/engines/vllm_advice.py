@@ -63,7 +63,18 @@ EXECUTE_TIMEOUT: Final = AdviceRule(
     "With more than one GPU per pod, a model step that hangs on one worker keeps the engine "
     "waiting this long instead of 300 s before it fails, while /health keeps answering 200.",
 )
-RULES: Final = (KV_LEASE_SHORT, KV_LEASE_HUGE, EXECUTE_TIMEOUT)
+API_KEY: Final = AdviceRule(
+    "VLLMAPIKeyRefusesCanaries",
+    "--api-key or VLLM_API_KEY",
+    "entrypoints/serve/middleware/register.py:32-36, entrypoints/serve/middleware/"
+    "authenticate.py:12, :49-61 (VLLM_API_KEY: envs.py:820)",
+    "Every request under /v1 without the key is answered 401, pdwarden's canaries included (it "
+    "holds no key), so they prove nothing: a frozen engine in an idle pool goes unseen, and a "
+    "frozen decode is found only when its prefill's KV lease expires.",
+)
+API_KEY_FLAG: Final = "--api-key"
+API_KEY_ENV: Final = "VLLM_API_KEY"
+RULES: Final = (KV_LEASE_SHORT, KV_LEASE_HUGE, EXECUTE_TIMEOUT, API_KEY)
 
 
 def is_vllm_entry(token: str, following: Sequence[str]) -> bool:
@@ -160,4 +171,15 @@ def advisories(pod: Obj) -> tuple[Advice, ...]:
         timeout = None  # vLLM fails at start-up reading it: loud, not a risk
     if timeout is not None and timeout > HUGE_SECONDS:
         out.append(EXECUTE_TIMEOUT.advise(raw))
+    if _api_key(cmd):
+        out.append(API_KEY.advise("set"))  # never the key itself
     return tuple(out)
+
+
+def _api_key(cmd: pod_command.ServerCommand) -> bool:
+    """--api-key given, or VLLM_API_KEY set to anything but empty (a Secret's value counts: its
+    name is set; vLLM ignores an empty key, register.py:33). A `--config` file may give the
+    key too: not read, so not judged."""
+    flags = {_flag_name(t)[0] for t in cmd.args if t.startswith("--")}
+    hidden = API_KEY_ENV in cmd.named and API_KEY_ENV not in cmd.env
+    return API_KEY_FLAG in flags or bool(cmd.env.get(API_KEY_ENV)) or hidden
