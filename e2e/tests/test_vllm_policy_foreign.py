@@ -137,6 +137,8 @@ def foreign(
         broken = preflight(*(pool.pod(r)["status"]["podIP"] for r in ("prefill", "decode")))
         if broken:  # the rig's fault (e2e/vllm/fixtures.py), never pdwarden's: said at once
             pytest.fail(broken, pytrace=False)
+        # The policy, here so that each scenario runs on its own too (bench/repair.py runs one).
+        apply(cluster, ns, policy(mode="Enforce", actions=["RestartPrefill"]))
         yield pool
     finally:
         op.stop()
@@ -144,7 +146,6 @@ def foreign(
 
 
 def test_the_policy_selects_the_pair_and_healthy_requests_draw_nothing(foreign: Foreign) -> None:
-    apply(foreign.cluster, foreign.ns, policy(mode="Enforce", actions=["RestartPrefill"]))
     prefill_ip, decode_ip = (foreign.pod(r)["status"]["podIP"] for r in ("prefill", "decode"))
 
     def selected() -> bool:
@@ -173,6 +174,13 @@ def test_an_idle_frozen_foreign_prefill_is_found_by_a_pair_canary_and_restarted(
 ) -> None:
     prefill, decode_ip = foreign.pod("prefill"), foreign.pod("decode")["status"]["podIP"]
     uid = prefill["metadata"]["uid"]
+    # An idle pool pdwarden watches: its pair has had a canary through it (the first one makes
+    # the pair's KV handshake, under a longer deadline).
+    foreign.cluster.wait_until(
+        "a pair canary through the idle foreign pair",
+        lambda: foreign.operator.metric("pdwarden_pair_canaries_total", outcome="decoded") > 0,
+        timeout=WEDGE_AFTER * 4,
+    )
     frozen = freeze_engine(uid)
     frozen_at = time.monotonic()
     try:
