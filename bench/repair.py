@@ -41,25 +41,25 @@ TESTS: Final = (
     f"{PAIR}::test_a_killed_engine_is_restarted_and_the_pair_serves_again",
     f"{FOREIGN}::test_an_idle_frozen_foreign_prefill_is_found_by_a_pair_canary_and_restarted",
 )
-# (engine, scenario) -> what happens without pdwarden (vLLM 0.32, its source and our measurements
-# on the CPU pair; docs/engines.md). None where the engine alone never repairs it.
-ENGINE_ALONE: Final[Mapping[tuple[str, str], tuple[float | None, str]]] = {
+# (engine, scenario) -> (whether the engine and the kubelet repair it without pdwarden, what
+# happens then): vLLM 0.32, its source and our measurements on the CPU pair (docs/engines.md).
+ENGINE_ALONE: Final[Mapping[tuple[str, str], tuple[bool, str]]] = {
     ("vllm", "frozen prefill, a KV read in flight"): (
-        None,
+        False,
         "never: a KV read has no deadline (nixl/base_worker.py _pop_done_transfers) and /health "
         "stays 200; the request hangs",
     ),
     ("vllm", "frozen decode behind its live API server"): (
-        None,
+        False,
         "never: /health stays 200 (AsyncLLM.check_health fails only once the engine core died); "
         "the prefill frees the KV after kv_lease_duration (30 s) and nothing restarts the decode",
     ),
     ("vllm", "idle pool, frozen prefill (no read in flight)"): (
-        None,
+        False,
         "never: /health stays 200; the first request routed to it hangs",
     ),
     ("vllm", "decode engine killed"): (
-        0.0,
+        True,
         "the kubelet restarts the container (/health 503 within ~1 s of the crash): nothing for "
         "pdwarden to do, and it does nothing",
     ),
@@ -85,7 +85,7 @@ def report(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     none is missing and every first repairing action came within GOAL_SECONDS."""
     got = {(str(r["engine"]), str(r["scenario"])): dict(r) for r in records}
     rows = []
-    for key, (alone_seconds, alone) in ENGINE_ALONE.items():
+    for key, (repairs, alone) in ENGINE_ALONE.items():
         r = got.get(key)
         if r is None:
             continue
@@ -93,7 +93,7 @@ def report(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         rows.append({
             **r,
             "engine_alone": alone,
-            "engine_alone_seconds": alone_seconds,
+            "engine_alone_repairs": repairs,
             "goal_met": r.get("action") is None or (
                 action_seconds is not None and action_seconds <= GOAL_SECONDS
             ),
@@ -118,7 +118,7 @@ def summary(data: Mapping[str, Any]) -> str:
                 first += f" (restart {r['restart_seconds']:.0f} s)"
         else:
             first = "no action (none needed)"
-        alone = "never" if r["engine_alone_seconds"] is None else "kubelet"
+        alone = "the kubelet" if r["engine_alone_repairs"] else "never"
         parts.append(f"{r['scenario']}: {first}, serving again {r['serving_seconds']:.0f} s; "
                      f"engine alone: {alone}")  # fmt: skip
     missing = f"; MISSING: {', '.join(data['missing'])}" if data["missing"] else ""
@@ -132,20 +132,20 @@ def summary(data: Mapping[str, Any]) -> str:
 def plot(data: Mapping[str, Any], path: Path) -> None:
     plt = common.pyplot()
     rows = data["scenarios"]
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.8 * len(rows)))
+    fig, ax = plt.subplots(figsize=(9, 1.8 + 0.8 * len(rows)))
     ys = range(len(rows))
     serving = [r["serving_seconds"] for r in rows]
     action = [r.get("action_seconds") or 0.0 for r in rows]
     ax.barh([y + 0.2 for y in ys], serving, height=0.4, label="fault -> serving again")
     ax.barh([y - 0.2 for y in ys], action, height=0.4, label="fault -> first repairing action")
     for y, r in zip(ys, rows, strict=True):
-        alone = "engine alone: never" if r["engine_alone_seconds"] is None else "kubelet"
-        ax.text(max(serving) * 1.02, y, alone, va="center", fontsize=8)
+        alone = "alone: the kubelet" if r["engine_alone_repairs"] else "alone: never"
+        ax.text(max(serving) * 1.03, y, alone, va="center", fontsize=8)
     ax.axvline(data["goal_seconds"], color="grey", linestyle=":", label="goal")
     ax.set_yticks(list(ys), [r["scenario"] for r in rows], fontsize=8)
     ax.set_xlabel("seconds after the fault (defaults)")
     ax.set_xlim(0, max(serving) * 1.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
