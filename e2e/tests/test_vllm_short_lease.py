@@ -22,19 +22,16 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from e2e.fixtures import Cluster, OperatorProcess, create_namespace, release_pddeployments
+from e2e.fixtures import Cluster
 from e2e.httpjson import http
-from e2e.pdtools import apply, pods, wait_ready
 from e2e.vllm.client import PREFILL_PARAMS, decode_leg_in_background, metric, url
 from e2e.vllm.faults import freeze_engine, thaw
-from e2e.vllm.fixtures import VllmModel, preflight
-from e2e.vllm.pods import SERVED_NAME, STARTUP_SECONDS, pd_deployment
+from e2e.vllm.fixtures import VllmModel, VllmPD, deployed
+from e2e.vllm.pods import SERVED_NAME, pd_deployment
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.vllm]
 OPT_IN = "PDWARDEN_VLLM_SHORT_LEASE"
@@ -44,54 +41,27 @@ EXPIRED = "vllm:nixl_num_kv_expired_reqs_total"
 LATE = "vllm:nixl_num_notifications_after_expiry_total"
 
 
-class Pair:
-    def __init__(self, cluster: Cluster, ns: str, operator: OperatorProcess) -> None:
-        self.cluster, self.ns, self.operator = cluster, ns, operator
-
-    def pod(self, role: str) -> dict[str, object]:
-        (pod,) = [
-            p for p in pods(self.cluster, self.ns, role, NAME)
-            if not p["metadata"].get("deletionTimestamp")
-        ]  # fmt: skip
-        return pod
-
-    def ip(self, role: str) -> str:
-        return str(self.pod(role)["status"]["podIP"])  # type: ignore[index]
-
-    def warnings(self, reason: str) -> list[str]:
-        events = json.loads(
-            self.cluster.kubectl(
-                "get", "events", "-n", self.ns, "--field-selector", f"reason={reason}", "-o", "json"
-            ).stdout
-        )  # fmt: skip
-        return [e["message"] for e in events["items"] if e.get("type") == "Warning"]
+def warnings(pair: VllmPD, reason: str) -> list[str]:
+    events = json.loads(
+        pair.cluster.kubectl(
+            "get", "events", "-n", pair.namespace, "--field-selector", f"reason={reason}", "-o",
+            "json",
+        ).stdout
+    )  # fmt: skip
+    return [e["message"] for e in events["items"] if e.get("type") == "Warning"]
 
 
 @pytest.fixture(scope="module")
 def short_pair(
     cluster: Cluster, crd: str, vllm_model: VllmModel, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Pair]:
+) -> Iterator[VllmPD]:
     if os.environ.get(OPT_IN) != "1":
         pytest.skip(f"opt-in ({OPT_IN}=1): a second real vLLM pair, ~3 min")
-    ns = create_namespace(cluster, "vllm-late")
-    log = Path(tmp_path_factory.mktemp("vllm-late")) / "operator.log"
-    operator = OperatorProcess(cluster, [ns], log).start()
     doc = pd_deployment(str(vllm_model.path), NAME, mode="DryRun")
     doc["spec"]["vllm"]["kvLeaseSeconds"] = LEASE
-    apply(cluster, ns, doc)
-    try:
-        t0 = time.monotonic()
-        wait_ready(cluster, ns, {"prefill": "1/1", "decode": "1/1"}, STARTUP_SECONDS, NAME)
-        pair = Pair(cluster, ns, operator)
-        print(f"[vllm] short-lease pair Ready in {time.monotonic() - t0:.0f}s", file=sys.stderr)
-        broken = preflight(pair.ip("prefill"), pair.ip("decode"))
-        if broken:
-            pytest.fail(broken, pytrace=False)
+    log = tmp_path_factory.mktemp("vllm-late") / "operator.log"
+    with deployed(cluster, doc, "vllm-late", log) as pair:
         yield pair
-    finally:
-        operator.stop()
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-        release_pddeployments(cluster, ns)
 
 
 def _step(prefill: str, n: int) -> None:
@@ -102,9 +72,9 @@ def _step(prefill: str, n: int) -> None:
     assert code == 200, answer
 
 
-def test_a_read_finished_after_its_lease_expired_is_announced_once(short_pair: Pair) -> None:
+def test_a_read_finished_after_its_lease_expired_is_announced_once(short_pair: VllmPD) -> None:
     prefill, decode = short_pair.ip("prefill"), short_pair.ip("decode")
-    decode_uid = str(short_pair.pod("decode")["metadata"]["uid"])  # type: ignore[index]
+    decode_uid = str(short_pair.pod("decode")["metadata"]["uid"])
     expired0, late0 = metric(prefill, EXPIRED), metric(prefill, LATE)
     body = {"model": SERVED_NAME, "prompt": "a decode step longer than the lease",
             "max_tokens": 4, "ignore_eos": True}  # fmt: skip
@@ -139,10 +109,10 @@ def test_a_read_finished_after_its_lease_expired_is_announced_once(short_pair: P
         return metric(prefill, LATE) > late0
 
     short_pair.cluster.wait_until("the prefill counting the late notification", counted, 120)
-    name = str(short_pair.pod("prefill")["metadata"]["name"])  # type: ignore[index]
+    name = str(short_pair.pod("prefill")["metadata"]["name"])
 
     def announced() -> list[str]:
-        return [m for m in short_pair.warnings("WedgeDetected")
+        return [m for m in warnings(short_pair, "WedgeDetected")
                 if m.startswith(f"LateNotification on {name}: ")]  # fmt: skip
 
     (message,) = short_pair.cluster.wait_until("the LateNotification Warning", announced, 60)

@@ -19,6 +19,7 @@ they starved each other (0-1.6 tokens/s, steps stalled 20-40 s); the pods now ke
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -57,10 +58,11 @@ class VllmPD:
     namespace: str
     operator: OperatorProcess
     started_seconds: float
+    name: str = NAME
 
     def pod(self, role: str) -> dict[str, Any]:
         (pod,) = [
-            p for p in pods(self.cluster, self.namespace, role, NAME)
+            p for p in pods(self.cluster, self.namespace, role, self.name)
             if not p["metadata"].get("deletionTimestamp")
         ]  # fmt: skip
         return pod
@@ -70,7 +72,7 @@ class VllmPD:
 
     @property
     def router(self) -> str:
-        return router_url(self.cluster, self.namespace, NAME)
+        return router_url(self.cluster, self.namespace, self.name)
 
 
 @dataclass(frozen=True)
@@ -120,21 +122,20 @@ def preflight(prefill: str, decode: str) -> str:
     return ""
 
 
-@pytest.fixture(scope="session")
-def vllm_pd(
-    cluster: Cluster, crd: str, vllm_model: VllmModel, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[VllmPD]:
-    model = vllm_model.path
-    ns = create_namespace(cluster, "vllm")
-    log = Path(tmp_path_factory.mktemp("vllm")) / "operator.log"
+@contextlib.contextmanager
+def deployed(cluster: Cluster, doc: dict[str, Any], prefix: str, log: Path) -> Iterator[VllmPD]:
+    """The PDDeployment `doc` in a namespace of its own with an operator of its own, its pair
+    Ready and able to serve (`preflight`: the rig's fault, said at once); all gone afterwards."""
+    ns = create_namespace(cluster, prefix)
     operator = OperatorProcess(cluster, [ns], log).start()
+    name = str(doc["metadata"]["name"])
     t0 = time.monotonic()
-    doc = pd_deployment(str(model), NAME, mode="Enforce", actions=ACTIONS)
     apply(cluster, ns, doc)
     try:
-        wait_ready(cluster, ns, {"prefill": "1/1", "decode": "1/1"}, STARTUP_SECONDS, NAME)
-        pd = VllmPD(cluster, ns, operator, time.monotonic() - t0)
-        print(f"[vllm] pair Ready in {pd.started_seconds:.0f}s (namespace {ns})", file=sys.stderr)
+        wait_ready(cluster, ns, {"prefill": "1/1", "decode": "1/1"}, STARTUP_SECONDS, name)
+        pd = VllmPD(cluster, ns, operator, time.monotonic() - t0, name)
+        print(f"[vllm] pair {name} Ready in {pd.started_seconds:.0f}s (namespace {ns})",
+              file=sys.stderr)  # fmt: skip
         broken = preflight(pd.ip("prefill"), pd.ip("decode"))
         if broken:
             pytest.fail(broken, pytrace=False)
@@ -143,3 +144,12 @@ def vllm_pd(
         operator.stop()
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         release_pddeployments(cluster, ns)
+
+
+@pytest.fixture(scope="session")
+def vllm_pd(
+    cluster: Cluster, crd: str, vllm_model: VllmModel, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VllmPD]:
+    doc = pd_deployment(str(vllm_model.path), NAME, mode="Enforce", actions=ACTIONS)
+    with deployed(cluster, doc, "vllm", tmp_path_factory.mktemp("vllm") / "operator.log") as pd:
+        yield pd
