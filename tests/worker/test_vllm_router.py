@@ -73,6 +73,7 @@ class FakeVllm:
     cancellation: a closed connection aborts the handler, as vLLM aborts the request)."""
 
     tokenize_s: float = 0.3
+    prefill_s: float = 0.0  # the prefill's compute: its answer comes this long after the request
     prefill_hangs: bool = False
     decode_hangs: bool = False  # the engine has the request but never answers
     prefill_entered: asyncio.Event = field(default_factory=asyncio.Event)
@@ -87,6 +88,7 @@ class FakeVllm:
         try:
             if self.prefill_hangs:
                 await asyncio.Event().wait()
+            await asyncio.sleep(self.prefill_s)
         except asyncio.CancelledError:
             self.prefill_aborted.set()
             raise
@@ -223,7 +225,31 @@ def test_a_client_that_leaves_between_the_legs_still_gets_the_kv_read_and_releas
     run(FakeVllm, scenario)
 
 
-def test_a_client_that_leaves_before_the_prefill_answers_aborts_the_prefill_only() -> None:
+def test_a_client_that_leaves_before_the_prefill_answers_still_gets_the_kv_read_and_released(
+) -> None:  # fmt: skip
+    """Closing the prefill leg aborts the request in vLLM only while its engine runs it; one
+    that finished while its answer was on the way keeps its blocks for the whole lease
+    (measured on the real pair: 62 of 1837 dropped clients). So the prefill leg is never closed
+    for a gone client: its answer is read and the decode reads the KV, then is closed."""
+
+    async def scenario(vllm: FakeVllm, r: VllmRouter, router: str) -> None:
+        client = _client(router, _ask("early", stream=False, max_tokens=400))
+        await asyncio.wait_for(vllm.prefill_entered.wait(), 10)
+        client.cancel()  # while the prefill computes
+        assert await wait_until(lambda: bool(vllm.ended), 10), "the decode never got the leg"
+        assert not vllm.prefill_aborted.is_set()
+        assert [(p, how) for p, how, _ in vllm.ended] == [("early", "done")]
+        assert vllm.engine[0]["kv_transfer_params"] == PARAMS
+        assert await wait_until(lambda: not r.releases, 5)
+        status, _ = await _post(  # and the router goes on serving
+            router + "/v1/completions", _ask("next", stream=False, max_tokens=4)
+        )
+        assert status == 200 and [b["prompt"] for b in vllm.engine] == ["early", "next"]
+
+    run(lambda: FakeVllm(tokenize_s=0.0, prefill_s=0.5), scenario)
+
+
+def test_past_the_bound_a_gone_clients_prefill_leg_is_closed() -> None:
     async def scenario(vllm: FakeVllm, r: VllmRouter, router: str) -> None:
         vllm.prefill_hangs = True
         client = _client(router, _ask("early", stream=False, max_tokens=4))
@@ -231,13 +257,8 @@ def test_a_client_that_leaves_before_the_prefill_answers_aborts_the_prefill_only
         client.cancel()
         await asyncio.wait_for(vllm.prefill_aborted.wait(), 10)  # vLLM frees the KV itself
         assert not vllm.decode_entered.is_set() and not r.releases
-        vllm.prefill_hangs = False  # and the router goes on serving
-        status, _ = await _post(
-            router + "/v1/completions", _ask("next", stream=False, max_tokens=4)
-        )
-        assert status == 200 and [b["prompt"] for b in vllm.engine] == ["next"]
 
-    run(lambda: FakeVllm(tokenize_s=0.0), scenario)
+    run(lambda: FakeVllm(tokenize_s=0.0), scenario, max_releases=0)
 
 
 def test_legs_kept_for_gone_clients_have_a_deadline_and_a_bound() -> None:
