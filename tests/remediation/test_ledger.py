@@ -17,8 +17,10 @@ from pdwarden.remediation.decide import Plan, PlannedAction, PodState
 from pdwarden.remediation.detect.evidence import Finding
 from pdwarden.remediation.detect.rules import Detection
 from pdwarden.remediation.record.ledger import (
+    TALLY_EVERY_SECONDS,
     breaker_reset_at,
     cycle_status,
+    held_tally,
     ledger_entry,
     merge_history,
     rebase,
@@ -135,3 +137,17 @@ def test_what_canaries_cost_is_summed_from_the_previous_status() -> None:
     assert again is not None and (again.sent, again.requests, again.seconds) == (3, 5, 4.75)
     idle = _status([], limit=5, previous=later)  # a cycle without canaries keeps the sum
     assert idle.remediation is not None and idle.remediation.canaries == again
+
+
+def test_a_tally_that_is_all_that_changed_is_held_until_it_is_due() -> None:
+    first = _status([], limit=5, detection=Detection(canary_cost=CanaryCost(1, 2, 0.5)))
+    more = _status([], limit=5, previous=first,
+                   detection=Detection(canary_cost=CanaryCost(1, 2, 0.5)))  # fmt: skip
+    held, carried = held_tally(more, first, NOW + timedelta(seconds=TALLY_EVERY_SECONDS - 1))
+    assert not carried and held == first  # no status write for the tally alone
+    due, carried = held_tally(more, first, NOW + timedelta(seconds=TALLY_EVERY_SECONDS))
+    assert carried and due == more
+    other = more.model_copy(update={"wedged_rooms": 3})  # any other change carries it along
+    assert held_tally(other, first, NOW) == (other, True)
+    fresh = _status([], limit=5)  # none before: the first tally is written at once
+    assert held_tally(first, fresh, NOW) == (first, True)

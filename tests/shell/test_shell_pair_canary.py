@@ -20,6 +20,7 @@ from shell_fakes import CanaryFake, KubeFake, WorkerFake, cluster
 
 from pdwarden.constants import KIND, LABEL_ROLE
 from pdwarden.handlers.on_deployment import OperatorState, remediation_cycle
+from pdwarden.remediation.record import ledger
 from pdwarden.values import PairCanary, PairOutcome, PairResult, Sample, Target
 
 KEY = b"k" * 32
@@ -132,19 +133,32 @@ def test_a_decode_frozen_behind_its_api_server_is_cordoned_once_a_pair_canary_fi
     assert (tally["sent"], tally["requests"]) == (1, 2)  # one canary, both legs sent
 
 
-def test_what_canaries_cost_is_summed_in_the_ledger_across_cycles(kube: KubeFake) -> None:
-    """Idle pods: one decoded canary per pod per quiet window; the status sums them (and the
-    seconds waited) cycle after cycle, from what it said before."""
+def tally_of(kube: KubeFake) -> tuple[int, int]:
+    tally = kube.obj(KIND, "ns", "pd")["status"]["remediation"]["canaries"]
+    assert tally["seconds"] >= 0 and tally["since"] <= tally["last"]
+    return tally["sent"], tally["requests"]
+
+
+def test_what_canaries_cost_is_summed_in_the_ledger_without_a_status_write_each(
+    kube: KubeFake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Idle pods: one decoded canary per pod per quiet window. The status carries the first at
+    once; later ones alone rewrite it at most every TALLY_EVERY_SECONDS (an idle fleet would
+    otherwise write every object's status every quiet window), and are summed then, from what
+    it said before."""
     workers = ClockWorkers(frozen={"pd-prefill-0", "pd-decode-0", "pd-decode-1"})
     pair = PairFake()
     state = setup(kube, workers, pair, canary={"quietSeconds": 2})
     requests = REGISTRY.get_sample_value("pdwarden_canary_requests_total", {"kind": "pair"})
+    asked(state, kube, pair, 1)
+    assert tally_of(kube) == (1, 2)
     asked(state, kube, pair, 3)
-    tally = kube.obj(KIND, "ns", "pd")["status"]["remediation"]["canaries"]
-    assert (tally["sent"], tally["requests"]) == (3, 6) and tally["seconds"] >= 0
-    assert tally["since"] <= tally["last"]
+    assert tally_of(kube) == (1, 2)  # held: nothing else changed
     after = REGISTRY.get_sample_value("pdwarden_canary_requests_total", {"kind": "pair"})
-    assert after == (requests or 0) + 6
+    assert after == (requests or 0) + 6  # the metrics count every one at once
+    monkeypatch.setattr(ledger, "TALLY_EVERY_SECONDS", 0)  # the interval has passed
+    asked(state, kube, pair, 4)
+    assert tally_of(kube) == (4, 8)
 
 
 def test_a_cordoned_decode_dead_by_pair_canaries_stays_dead_and_is_restarted_without_waits(

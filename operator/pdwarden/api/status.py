@@ -146,8 +146,10 @@ class LedgerEntry(StatusModel):
 
 class CanaryTally(StatusModel):
     """What pdwarden's canaries cost this object's pods, summed over its cycles since `since`.
-    A cycle whose status write was lost is not counted (Prometheus has the exact counts:
-    pdwarden_canary_requests_total, pdwarden_canary_wait_seconds_total)."""
+    Brought up to date with any other status change, and by the canaries alone at most every
+    5 minutes (no status write per canary); a cycle whose status write was lost is not counted
+    (Prometheus has the exact counts, at once: pdwarden_canary_requests_total,
+    pdwarden_canary_wait_seconds_total)."""
 
     sent: int = Field(0, ge=0, description="Canaries sent: pair canaries and one-token canaries.")
     requests: int = Field(
@@ -160,7 +162,9 @@ class CanaryTally(StatusModel):
     )
     seconds: float = Field(0, ge=0, description="Seconds the cycles waited on their answers.")
     since: AwareDatetime | None = Field(None, description="When counting began.")
-    last: AwareDatetime | None = Field(None, description="When the last canary was sent.")
+    last: AwareDatetime | None = Field(
+        None, description="When the tally was last brought up to date (at most 5 minutes old)."
+    )
 
 
 class RemediationStatus(StatusModel):

@@ -23,7 +23,7 @@ import os
 import signal
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Generic, Literal
 
@@ -55,6 +55,7 @@ from pdwarden.remediation.memory import (
 from pdwarden.remediation.node_lost import lost_pods
 from pdwarden.remediation.record.ledger import (
     breaker_reset_at,
+    held_tally,
     ledger_entry,
     merge_history,
     new_entry_id,
@@ -71,6 +72,7 @@ from pdwarden.remediation.seams import (
     Tools,
     now_utc,
 )
+from pdwarden.values import CanaryCost
 
 log = logging.getLogger("pdwarden.remediation.cycle")
 # A test switch, like pdworker's --fault: SIGKILL this process at one point of an action
@@ -161,11 +163,14 @@ async def run(
     decision = kind.admit(decision, seen)
     await announce_new_wedges(tools.client, body, mem, detection, r.now)
     done = await execute(r, decision, evidence_at=evidence_at)
+    cost = mem.canary_cost + detection.canary_cost  # what the status has not carried yet
     status = kind.status(
-        previous, spec, seen, detection=detection, decision=decision,
+        previous, spec, seen, detection=replace(detection, canary_cost=cost), decision=decision,
         history=merge_history(history, done), decodes=decodes, done=done, now=r.now,
         reset_at=reset_at, generation=meta.get("generation"), advisories=advisories,
     )  # fmt: skip
+    status, carried = held_tally(status, previous, r.now)
+    mem.canary_cost = CanaryCost() if carried else cost
     metrics.SCRAPE_CYCLE_SECONDS.observe(time.monotonic() - started)
     labels = (kind.name, meta["namespace"], meta["name"])
     metrics.REMEDIATION_SUSPENDED.labels(*labels).set(int(decision.suspended))

@@ -22,7 +22,7 @@ from pdwarden.remediation.decide import PodState
 from pdwarden.remediation.detect.evidence import Finding, PodView
 from pdwarden.remediation.detect.rules import Detection, working_rooms
 from pdwarden.remediation.scrape import sanitize
-from pdwarden.values import RoomView, Sample
+from pdwarden.values import CanaryCost, RoomView, Sample
 
 Obj = Mapping[str, Any]
 # A pod whose last good scrape is older than this many scrape intervals is stale.
@@ -99,6 +99,8 @@ class DeploymentMemory:
     warm_pairs: set[tuple[str, str]] = field(default_factory=set)
     # (pod incarnation, rule) of each configuration advisory announced by an Event, while it lasts.
     advised: set[tuple[str, str]] = field(default_factory=set)
+    # What canaries cost since the status last carried the tally (`record.ledger.held_tally`).
+    canary_cost: CanaryCost = field(default_factory=CanaryCost)
 
 
 def _role(pod: Obj) -> str | None:

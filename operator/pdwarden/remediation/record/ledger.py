@@ -12,7 +12,9 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
+
+from pydantic import BaseModel
 
 from pdwarden.api import (
     CanaryTally,
@@ -24,6 +26,7 @@ from pdwarden.api import (
     WedgeFinding,
     parse_status,
     status_to_wire,
+    to_wire,
 )
 from pdwarden.api.status import (
     MAX_CORDONED,
@@ -44,6 +47,7 @@ from pdwarden.remediation.detect.rules import Detection
 from pdwarden.remediation.scrape import sanitize
 from pdwarden.values import CanaryCost
 
+S = TypeVar("S")  # a kind's status: PDDeploymentStatus, PDRemediationPolicyStatus
 SUSPENDED: Final = "RemediationSuspended"
 ADVISORIES: Final = "Advisories"
 
@@ -134,6 +138,37 @@ def _suspended_message(used: int, limit: int, is_open: bool, held_back: Sequence
         text = f"{used} of {limit} actions used this hour"
     held = "; ".join(held_back)
     return text + (f". Held back: {held}" if held else "")
+
+
+# The canary tally alone rewrites the status at most this often: an idle pool gets a canary every
+# quiet window, and a status write for each would be API traffic for nothing (see `held_tally`).
+TALLY_EVERY_SECONDS: Final = 300
+
+
+def held_tally(new: S, previous: S, now: datetime) -> tuple[S, bool]:
+    """(the status to write, whether its canary tally is written): `new` unless the tally is all
+    that changed and the previous one is younger than TALLY_EVERY_SECONDS; then `new` with the
+    previous tally, and the caller keeps this cycle's canary cost for a later write. Any other
+    change writes the tally with it."""
+    rem, before_rem = getattr(new, "remediation", None), getattr(previous, "remediation", None)
+    before = before_rem.canaries if isinstance(before_rem, RemediationStatus) else None
+    if (
+        not isinstance(new, BaseModel)
+        or not isinstance(previous, BaseModel)
+        or not isinstance(rem, RemediationStatus)
+        or rem.canaries == before
+    ):
+        return new, True
+    if (
+        before is None
+        or before.last is None
+        or (now - before.last).total_seconds() >= (TALLY_EVERY_SECONDS)
+    ):
+        return new, True
+    held = new.model_copy(update={"remediation": rem.model_copy(update={"canaries": before})})
+    if to_wire(held) != to_wire(previous):
+        return new, True
+    return held, False
 
 
 def tally(before: CanaryTally | None, cost: CanaryCost, now: datetime) -> CanaryTally | None:
