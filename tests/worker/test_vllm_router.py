@@ -73,7 +73,8 @@ class FakeVllm:
     cancellation: a closed connection aborts the handler, as vLLM aborts the request)."""
 
     tokenize_s: float = 0.3
-    prefill_s: float = 0.0  # the prefill's compute: its answer comes this long after the request
+    prefill_held: bool = False  # the prefill computes until `prefill_go` is set
+    prefill_go: asyncio.Event = field(default_factory=asyncio.Event)
     prefill_hangs: bool = False
     decode_hangs: bool = False  # the engine has the request but never answers
     prefill_entered: asyncio.Event = field(default_factory=asyncio.Event)
@@ -88,7 +89,8 @@ class FakeVllm:
         try:
             if self.prefill_hangs:
                 await asyncio.Event().wait()
-            await asyncio.sleep(self.prefill_s)
+            if self.prefill_held:
+                await self.prefill_go.wait()
         except asyncio.CancelledError:
             self.prefill_aborted.set()
             raise
@@ -236,6 +238,8 @@ def test_a_client_that_leaves_before_the_prefill_answers_still_gets_the_kv_read_
         client = _client(router, _ask("early", stream=False, max_tokens=400))
         await asyncio.wait_for(vllm.prefill_entered.wait(), 10)
         client.cancel()  # while the prefill computes
+        assert await wait_until(lambda: bool(r.releases), 10), "the legs were not kept"
+        vllm.prefill_go.set()  # the prefill finishes after its client left
         assert await wait_until(lambda: bool(vllm.ended), 10), "the decode never got the leg"
         assert not vllm.prefill_aborted.is_set()
         assert [(p, how) for p, how, _ in vllm.ended] == [("early", "done")]
@@ -246,7 +250,7 @@ def test_a_client_that_leaves_before_the_prefill_answers_still_gets_the_kv_read_
         )
         assert status == 200 and [b["prompt"] for b in vllm.engine] == ["early", "next"]
 
-    run(lambda: FakeVllm(tokenize_s=0.0, prefill_s=0.5), scenario)
+    run(lambda: FakeVllm(tokenize_s=0.0, prefill_held=True), scenario)
 
 
 def test_past_the_bound_a_gone_clients_prefill_leg_is_closed() -> None:
