@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CLUSTER_DIR := .cluster
 
-.PHONY: help venv lint types imports test test-gpu cluster-bin lws-bin prometheus-bin vllm-venv cluster-up cluster-down demo bench \
+.PHONY: help venv lint types imports test test-gpu cluster-bin lws-bin prometheus-bin vllm-venv sglang-venv cluster-up cluster-down demo bench \
 	bench-gpu bench-fleet bench-repair crd manifests images
 
 help:  ## list targets
@@ -44,7 +44,10 @@ prometheus-bin:  ## build (or reuse) Prometheus's promtool and server (the chart
 vllm-venv:  ## build (or reuse) stock vLLM for CPU + NIXL (the vLLM tier) in ~/.cache/pdwarden
 	@e2e/vllm/build.sh >/dev/null
 
-test: lint types imports cluster-bin lws-bin prometheus-bin vllm-venv  ## lint, types, import contracts and the whole pytest suite
+sglang-venv:  ## build (or reuse) stock SGLang for CPU + NIXL + its router (the SGLang tier) in ~/.cache/pdwarden
+	@e2e/sglang/build.sh >/dev/null
+
+test: lint types imports cluster-bin lws-bin prometheus-bin vllm-venv sglang-venv  ## lint, types, import contracts and the whole pytest suite
 	$(BIN)/python -m pytest --durations=25  # the slowest tests in every CI log: where the time goes
 
 cluster-up: $(STAMP) cluster-bin  ## start the local control plane and kubelet; kubeconfig in .cluster/kubeconfig

@@ -119,7 +119,7 @@ async def serve(args: argparse.Namespace, engine: Engine, registry: Any) -> None
     ])  # fmt: skip
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    # Each local pod has its own loopback IP; SGLang's --host 0.0.0.0 would collide across pods.
+    # Each local pod has its own loopback IP (pdwarden renders --host $(POD_IP)).
     host = os.environ.get("POD_IP") or args.host
     await web.TCPSite(runner, host, args.port).start()
     print(f"SIMULATED sglang {engine.role} on {host}:{args.port}", flush=True)

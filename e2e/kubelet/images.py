@@ -12,9 +12,13 @@ pdworker           venv        ``pdworker``     same
 python             venv        ``python``       same; ``python``/``python3``/``python3.X`` is the
                                                 venv interpreter itself
 kubectl            kubectl     ``kubectl``      ``kubectl`` is the pinned kubectl (``--kubectl``)
-sglang             sglang-sim  ``python3``      ``python3 -m sglang.launch_server ARGS`` runs the
+sglang-sim         sglang-sim  ``python3``      ``python3 -m sglang.launch_server ARGS`` runs the
                                                 SIMULATED SGLang server e2e/sglang_sim.py with the
-                                                same ARGS (no GPU here to run the real one)
+                                                same ARGS (bodies of servers too big for this box)
+sglang             sglang      ``python3``      REAL SGLang: ``python``/``python3`` are the stock
+                                                SGLang CPU venv's (e2e/sglang,
+                                                ``make sglang-venv``), which holds the server and
+                                                ``sglang_router`` both
 vllm-openai        vllm        ``vllm serve``   REAL vLLM: ``vllm``, ``python``/``python3`` are the
                                                 ones of the stock vLLM CPU venv (e2e/vllm,
                                                 ``make vllm-venv``); the image's own entrypoint is
@@ -42,7 +46,8 @@ IMAGE_TABLE: dict[str, tuple[str, str]] = {
     "pdworker": ("venv", "pdworker"),
     "python": ("venv", "python"),
     "kubectl": ("kubectl", "kubectl"),
-    "sglang": ("sglang-sim", "python3"),
+    "sglang-sim": ("sglang-sim", "python3"),
+    "sglang": ("sglang", "python3"),
     "vllm-openai": ("vllm", "vllm serve"),
     "busybox": ("host", "sh"),
     "alpine": ("host", "sh"),
@@ -97,6 +102,8 @@ def resolve_argv(
         return _sglang_sim_argv(image, argv)
     if runner.kind == "vllm":
         return _vllm_argv(image, argv)
+    if runner.kind == "sglang":
+        return _sglang_argv(image, argv)
     if "/" in exe:
         return argv
     if runner.kind == "venv" and _PYTHON.match(exe):
@@ -144,5 +151,20 @@ def _vllm_argv(image: str, argv: list[str]) -> list[str]:
     if exe == "vllm":
         return [str(venv / "bin" / "vllm"), *argv[1:]]
     if _PYTHON.match(exe):
+        return [str(venv / "bin" / "python"), *argv[1:]]
+    return argv
+
+
+def _sglang_argv(image: str, argv: list[str]) -> list[str]:
+    """`python3 ...` runs from the stock SGLang venv; anything else from the host."""
+    from e2e.sglang import venv_dir, venv_ready
+
+    venv = venv_dir()
+    if not venv_ready(venv):
+        raise FileNotFoundError(
+            f"image {image!r} runs stock SGLang from {venv}, which is not built: "
+            "run `make sglang-venv`"
+        )
+    if _PYTHON.match(argv[0]):
         return [str(venv / "bin" / "python"), *argv[1:]]
     return argv

@@ -53,7 +53,7 @@ def sglang_deployment(prefill_phase: str, decode_phase: str) -> dict[str, Any]:
         "metadata": {"name": "pd"},
         "spec": {
             "engine": "sglang",
-            "image": "lmsysorg/sglang:v0.5.23",  # runs the simulator on the local kubelet
+            "image": "pdwarden/sglang-sim:v0.5.23",  # the simulator on the local kubelet
             "model": {"name": "simulated/tiny"},
             "prefill": {"replicas": 1, "gpus": 1, "env": phase(prefill_phase),
                         "args": ["--enable-priority-scheduling"]},

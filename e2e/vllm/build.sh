@@ -50,14 +50,7 @@ say() { printf '[vllm-venv %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 mkdir -p "$cache"
 python=${PYTHON:-python3}
 
-uv_dir=$cache/uv-$UV_VERSION
-uv=$uv_dir/bin/uv
-if [ ! -x "$uv" ]; then
-  say "installing uv $UV_VERSION into $uv_dir"
-  rm -rf "$uv_dir.tmp"
-  "$python" -m pip install --quiet --disable-pip-version-check --target "$uv_dir.tmp" "uv==$UV_VERSION"
-  rm -rf "$uv_dir" && mv "$uv_dir.tmp" "$uv_dir"
-fi
+uv=$("$here/../uv.sh")
 
 tmp=$(mktemp -d "$cache/.vllm-build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT

@@ -19,19 +19,19 @@ they starved each other (0-1.6 tokens/s, steps stalled 20-40 s); the pods now ke
 
 from __future__ import annotations
 
-import contextlib
-import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from e2e.fixtures import Cluster, OperatorProcess, create_namespace, release_pddeployments
-from e2e.pdtools import apply, pods, router_url, wait_ready
+from e2e import enginepair
+from e2e.enginepair import EnginePair
+from e2e.fixtures import Cluster
 from e2e.vllm import cache_root, ensure_venv
 from e2e.vllm.client import pd_complete
 from e2e.vllm.pods import STARTUP_SECONDS, pd_deployment
@@ -52,27 +52,8 @@ QUIET, LEG = _DEFAULTS.canary.quiet_seconds, _DEFAULTS.canary.first_deadline_sec
 ACTIONS = ["FailRooms", "CordonDecode", "RestartDecode", "AbortRequests", "RestartPrefill"]
 
 
-@dataclass
-class VllmPD:
-    cluster: Cluster
-    namespace: str
-    operator: OperatorProcess
-    started_seconds: float
-    name: str = NAME
-
-    def pod(self, role: str) -> dict[str, Any]:
-        (pod,) = [
-            p for p in pods(self.cluster, self.namespace, role, self.name)
-            if not p["metadata"].get("deletionTimestamp")
-        ]  # fmt: skip
-        return pod
-
-    def ip(self, role: str) -> str:
-        return str(self.pod(role)["status"].get("podIP", ""))
-
-    @property
-    def router(self) -> str:
-        return router_url(self.cluster, self.namespace, self.name)
+# The vLLM tier's pair (kept under this name for the tier's tests).
+VllmPD = EnginePair
 
 
 @dataclass(frozen=True)
@@ -122,28 +103,13 @@ def preflight(prefill: str, decode: str) -> str:
     return ""
 
 
-@contextlib.contextmanager
-def deployed(cluster: Cluster, doc: dict[str, Any], prefix: str, log: Path) -> Iterator[VllmPD]:
-    """The PDDeployment `doc` in a namespace of its own with an operator of its own, its pair
-    Ready and able to serve (`preflight`: the rig's fault, said at once); all gone afterwards."""
-    ns = create_namespace(cluster, prefix)
-    operator = OperatorProcess(cluster, [ns], log).start()
-    name = str(doc["metadata"]["name"])
-    t0 = time.monotonic()
-    apply(cluster, ns, doc)
-    try:
-        wait_ready(cluster, ns, {"prefill": "1/1", "decode": "1/1"}, STARTUP_SECONDS, name)
-        pd = VllmPD(cluster, ns, operator, time.monotonic() - t0, name)
-        print(f"[vllm] pair {name} Ready in {pd.started_seconds:.0f}s (namespace {ns})",
-              file=sys.stderr)  # fmt: skip
-        broken = preflight(pd.ip("prefill"), pd.ip("decode"))
-        if broken:
-            pytest.fail(broken, pytrace=False)
-        yield pd
-    finally:
-        operator.stop()
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-        release_pddeployments(cluster, ns)
+def deployed(
+    cluster: Cluster, doc: dict[str, Any], prefix: str, log: Path
+) -> AbstractContextManager[EnginePair]:
+    """`doc`'s vLLM pair, Ready and past the preflight, deleted afterwards (e2e/enginepair.py)."""
+    return enginepair.deployed(
+        cluster, doc, prefix, log, startup_seconds=STARTUP_SECONDS, preflight=preflight
+    )
 
 
 @pytest.fixture(scope="session")

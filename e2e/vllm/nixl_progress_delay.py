@@ -43,22 +43,32 @@ class _Bindings:
         return self._real.nixlAgent(name, config)
 
 
+def _next_spec(me: Any, name: str, path: Any, target: Any) -> Any:
+    for finder in sys.meta_path:
+        if finder is not me and hasattr(finder, "find_spec"):
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                return spec
+    return None
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     """After `nixl_cu1x._api` executes, swap its `nixlBind` for the wrapper."""
 
     def __init__(self, delay_us: int) -> None:
         self.delay_us = delay_us
+        self.busy = False
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if not (name.startswith("nixl") and name.endswith("._api")):
+        if self.busy or not (name.startswith("nixl") and name.endswith("._api")):
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
+        # Another finder of this kind asks the rest of sys.meta_path too: it must not ask back.
+        self.busy = True
+        try:
+            spec = _next_spec(self, name, path, target)
+        finally:
+            self.busy = False
+        if spec is None:
             return None
         loader = spec.loader
         if loader is None or not hasattr(loader, "exec_module"):

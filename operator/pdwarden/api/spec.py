@@ -7,6 +7,7 @@ parses `spec` into at its boundary (parse.py), so both refuse the same specs wit
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar, Literal
 
 from pydantic import Field
@@ -107,6 +108,29 @@ def _owned_flag_rule(pool: str) -> Rule:
     )
 
 
+# An SGLang server without GPUs is a CPU server only when its args say so (SGLang's --device).
+_CPU_DEVICE_RE = "(^| )--device[ =]cpu( |$)"
+
+
+def _sglang_gpus_rule(pool: str) -> Rule:
+    return Rule(
+        cel=(
+            f"self.engine != 'sglang' || !has(self.{pool}) || self.{pool}.gpus >= 1 || "
+            f"(has(self.{pool}.args) && self.{pool}.args.join(' ').matches('{_CPU_DEVICE_RE}'))"
+        ),
+        message=(
+            f"{pool}.gpus must be at least 1 when engine is sglang, unless {pool}.args run a "
+            "CPU server (--device cpu)"
+        ),
+        field_path=f".{pool}.gpus",
+        check=lambda s: s.engine != "sglang" or _gpus_or_cpu(getattr(s, pool)),
+    )
+
+
+def _gpus_or_cpu(pool: WorkerPoolSpec) -> bool:
+    return pool.gpus >= 1 or re.search(_CPU_DEVICE_RE, " ".join(pool.args)) is not None
+
+
 def _restarts_decode(s: PDDeploymentSpec) -> bool:
     r = s.remediation
     return r.mode == "Enforce" and "RestartDecode" in r.actions
@@ -162,18 +186,8 @@ class PDDeploymentSpec(ApiModel):
             field_path=".image",
             check=lambda s: s.engine != "vllm" or s.image is not None,
         ),
-        Rule(
-            cel="self.engine != 'sglang' || !has(self.prefill) || self.prefill.gpus >= 1",
-            message="prefill.gpus must be at least 1 when engine is sglang",
-            field_path=".prefill.gpus",
-            check=lambda s: s.engine != "sglang" or s.prefill.gpus >= 1,
-        ),
-        Rule(
-            cel="self.engine != 'sglang' || !has(self.decode) || self.decode.gpus >= 1",
-            message="decode.gpus must be at least 1 when engine is sglang",
-            field_path=".decode.gpus",
-            check=lambda s: s.engine != "sglang" or s.decode.gpus >= 1,
-        ),
+        _sglang_gpus_rule("prefill"),
+        _sglang_gpus_rule("decode"),
         RESTART_PREFILL_NEEDS_ABORT,
         _owned_flag_rule("prefill"),
         _owned_flag_rule("decode"),

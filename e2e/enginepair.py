@@ -1,0 +1,93 @@
+"""One real engine pair (a PDDeployment of stock prefill/decode pods) for an engine tier.
+
+Why: the vLLM and SGLang tiers deploy their pair the same way: a namespace and an operator of
+their own, the pods Ready within the engine's startup window, then a preflight of PD requests
+sent straight to the pods (a pair that cannot move KV is the rig's fault, never pdwarden's, and
+every scenario would fail for it in its own way: the tier errors at once, naming why). Only the
+spec, the preflight and the startup window differ, and they come in as arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.fixtures import Cluster, OperatorProcess, create_namespace, release_pddeployments
+from e2e.pdtools import apply, pods, router_url, wait_ready
+
+# The pods' IPs (prefill, decode) -> why the pair cannot serve the tier ("" when it can).
+Preflight = Callable[[str, str], str]
+
+
+@dataclass
+class EnginePair:
+    cluster: Cluster
+    namespace: str
+    operator: OperatorProcess
+    started_seconds: float
+    name: str = "pd"
+
+    def pod(self, role: str) -> dict[str, Any]:
+        (pod,) = [
+            p for p in pods(self.cluster, self.namespace, role, self.name)
+            if not p["metadata"].get("deletionTimestamp")
+        ]  # fmt: skip
+        return pod
+
+    def ip(self, role: str) -> str:
+        return str(self.pod(role)["status"].get("podIP", ""))
+
+    @property
+    def router(self) -> str:
+        return router_url(self.cluster, self.namespace, self.name)
+
+
+@contextlib.contextmanager
+def deployed(
+    cluster: Cluster,
+    doc: dict[str, Any],
+    prefix: str,
+    log: Path,
+    *,
+    startup_seconds: float,
+    preflight: Preflight,
+    wait_gone: float = 0,
+) -> Iterator[EnginePair]:
+    """The PDDeployment `doc` in a namespace of its own with an operator of its own, its pair
+    Ready and able to serve (`preflight`), all deleted afterwards; with `wait_gone`, waits (that
+    long at most) until its pods are gone, so the next tier starts on free cores."""
+    ns = create_namespace(cluster, prefix)
+    operator = OperatorProcess(cluster, [ns], log).start()
+    name = str(doc["metadata"]["name"])
+    t0 = time.monotonic()
+    apply(cluster, ns, doc)
+    try:
+        wait_ready(cluster, ns, {"prefill": "1/1", "decode": "1/1"}, startup_seconds, name)
+        pair = EnginePair(cluster, ns, operator, time.monotonic() - t0, name)
+        print(f"[{prefix}] pair {name} Ready in {pair.started_seconds:.0f}s (namespace {ns})",
+              file=sys.stderr)  # fmt: skip
+        broken = preflight(pair.ip("prefill"), pair.ip("decode"))
+        if broken:
+            pytest.fail(broken, pytrace=False)
+        yield pair
+    finally:
+        operator.stop()
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        release_pddeployments(cluster, ns)
+        if wait_gone:
+            cluster.wait_until(
+                f"the pods of namespace {ns} gone",
+                lambda: (
+                    not cluster.kubectl(
+                        "get", "pods", "-n", ns, "-o", "name", check=False
+                    ).stdout.strip()
+                ),
+                wait_gone,
+            )

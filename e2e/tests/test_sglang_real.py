@@ -1,0 +1,264 @@
+"""A REAL SGLang 0.5.23 prefill/decode pair on the local cluster, rendered by pdwarden (sglang).
+
+No simulator: the local kubelet runs the `lmsysorg/sglang` image from the stock SGLang CPU venv
+(e2e/sglang), the stock `sglang_router` in PD mode finds the pods through the Kubernetes API, the
+prefill writes KV into the decode's pool over NIXL/UCX, and a real operator (Enforce, pdwarden's
+defaults) scrapes and judges the pods. One pair serves this module (e2e/sglang/fixtures.py), in
+file order:
+
+1. a request through SGLang's PD protocol straight to the pod IPs, and one through the stock
+   router: each is one real KV transfer (the prefill's `kv_transfer_latency_ms` count, which no
+   health probe moves);
+2. the series pdwarden's SGLang adapter reads exist on the real server with the labels it
+   expects, and pdwarden, judging the pair all along, has found nothing;
+3. a healthy load through the router with a third of the clients hanging up (before the answer,
+   mid-stream): no finding, no action, no WedgeDetected Event, and every queue gauge back to 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import threading
+import time
+from http.client import HTTPConnection
+from typing import Any
+
+import pytest
+from e2e.enginepair import EnginePair
+from e2e.httpjson import http
+from e2e.pdtools import status
+from e2e.sglang.client import metric, pd_generate
+from e2e.sglang.faults import freeze_scheduler
+from e2e.vllm.faults import thaw
+
+from pdwarden.engines.sglang import METRICS
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.sglang]
+XFERS = "sglang:kv_transfer_latency_ms_count"
+# Healthy load through the stock router: seconds and client loops (the >= 5 min run of the issue
+# sets PDWARDEN_SGLANG_LOAD_SECONDS=300).
+LOAD_SECONDS = float(os.environ.get("PDWARDEN_SGLANG_LOAD_SECONDS", "120"))
+LOAD_LOOPS = 4
+
+
+def _router_generate(pair: EnginePair, text: str, tokens: int = 8) -> dict[str, Any]:
+    body = {"text": text, "sampling_params": {"max_new_tokens": tokens, "temperature": 0}}
+
+    def routed() -> Any:
+        code, answer = http("POST", pair.router + "/generate", body, timeout=120)
+        # The stock router answers 503 until its discovery has admitted both pods.
+        return answer if code == 200 else None
+
+    answer = pair.cluster.wait_until("the stock sglang-router to route", routed, 180)
+    assert isinstance(answer, dict), answer
+    return answer
+
+
+def test_kv_moves_straight_between_the_pods_and_through_the_stock_router(
+    sglang_pd: EnginePair,
+) -> None:
+    prefill, decode = sglang_pd.ip("prefill"), sglang_pd.ip("decode")
+    before = metric(prefill, XFERS)
+    direct = pd_generate(prefill, decode, "hello world", 8)
+    assert direct["meta_info"]["completion_tokens"] == 8
+    routed = _router_generate(sglang_pd, "hello world", 8)
+    # Same prompt, greedy, same weights: the routed answer is the direct one.
+    assert routed["text"] == direct["text"]
+    assert metric(prefill, XFERS) >= before + 2
+
+
+def test_the_series_pdwarden_reads_exist_and_nothing_was_found(sglang_pd: EnginePair) -> None:
+    prefill, decode = sglang_pd.ip("prefill"), sglang_pd.ip("decode")
+    names = METRICS.names()
+    # Gauges every PD server exports (the failure counters appear only after a failure).
+    for ip, role in ((prefill, "prefill"), (decode, "decode")):
+        for name in (
+            "sglang:num_prefill_bootstrap_queue_reqs",
+            "sglang:num_prefill_inflight_queue_reqs",
+            "sglang:num_decode_prealloc_queue_reqs",
+            "sglang:num_decode_transfer_queue_reqs",
+            "sglang:num_running_reqs",
+        ):
+            assert name in names
+            metric(ip, name, engine_type=role, tp_rank="0", pp_rank="0", moe_ep_rank="0")
+    assert metric(prefill, XFERS, engine_type="prefill") >= 1
+    sglang_pd.operator.wait_cycles(2)
+    assert _quiet(sglang_pd) == ([], [], 0.0)
+
+
+def _wedge_events(pair: EnginePair) -> list[str]:
+    events = json.loads(
+        pair.cluster.kubectl(
+            "get", "events", "-n", pair.namespace, "--field-selector", "reason=WedgeDetected",
+            "-o", "json",
+        ).stdout
+    )  # fmt: skip
+    return [str(e["message"]) for e in events["items"]]
+
+
+def _history(pair: EnginePair) -> list[dict[str, Any]]:
+    st = status(pair.cluster, pair.namespace, pair.name)
+    return list((st.get("remediation") or {}).get("history", []))
+
+
+def _quiet(pair: EnginePair) -> tuple[list[str], list[dict[str, Any]], float]:
+    """(WedgeDetected Events, ledger entries, findings counted): all empty on a healthy pair."""
+    found = pair.operator.metric("pdwarden_wedges_detected_total")
+    return _wedge_events(pair), _history(pair), found
+
+
+class _Clients:
+    """CLIENTS loops through the stock router until stopped; CANCEL_EVERY-th request of each
+    loop hangs up: before the answer began (a read timeout shorter than a request), or
+    mid-stream (a streamed answer closed after its first event)."""
+
+    def __init__(self, router: str, loops: int, cancel_every: int = 3) -> None:
+        self.router, self.cancel_every = router, cancel_every
+        self.answered = self.cancelled = self.failed = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(loops)
+        ]
+
+    def start(self) -> _Clients:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def _loop(self, loop: int) -> None:
+        n = 0
+        while not self._stop.is_set():
+            n += 1
+            text = f"client {loop} request {n}: " + "words " * random.randrange(4, 60)
+            tokens = random.randrange(4, 32)
+            try:
+                if n % self.cancel_every == 0:
+                    self._cancel(text, tokens, mid_stream=n % (2 * self.cancel_every) == 0)
+                    self.cancelled += 1
+                else:
+                    code, answer = http(
+                        "POST", self.router + "/generate", _body(text, tokens), timeout=120
+                    )
+                    if code == 200:
+                        self.answered += 1
+                    else:
+                        self.failed += 1
+                        self.errors.append(f"{code}: {answer!r:.300}")
+            except OSError as exc:
+                self.failed += 1
+                self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+
+    def _cancel(self, text: str, tokens: int, *, mid_stream: bool) -> None:
+        host, port = self.router.removeprefix("http://").rsplit(":", 1)
+        conn = HTTPConnection(host, int(port), timeout=60)
+        try:
+            body = {**_body(text, tokens), "stream": mid_stream}
+            conn.request("POST", "/generate", json.dumps(body),
+                         {"Content-Type": "application/json"})  # fmt: skip
+            if mid_stream:
+                resp = conn.getresponse()
+                resp.fp.readline()  # the first event, then hang up
+            else:
+                assert conn.sock is not None
+                conn.sock.settimeout(random.uniform(0.01, 0.2))
+                with contextlib.suppress(TimeoutError):
+                    conn.getresponse()
+        finally:
+            conn.close()
+
+    def stop(self) -> _Clients:
+        self._stop.set()
+        for t in self._threads:
+            t.join(180)
+        return self
+
+
+def _body(text: str, tokens: int) -> dict[str, Any]:
+    return {"text": text, "sampling_params": {"max_new_tokens": tokens, "temperature": 0,
+                                              "ignore_eos": True}}  # fmt: skip
+
+
+QUEUES = (
+    "sglang:num_prefill_bootstrap_queue_reqs",
+    "sglang:num_prefill_inflight_queue_reqs",
+    "sglang:num_decode_prealloc_queue_reqs",
+    "sglang:num_decode_transfer_queue_reqs",
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+)
+
+
+def _queued(pair: EnginePair) -> dict[str, float]:
+    out = {}
+    for role in ("prefill", "decode"):
+        ip = pair.ip(role)
+        for name in QUEUES:
+            out[f"{role} {name}"] = metric(ip, name, engine_type=role)
+    return {k: v for k, v in out.items() if v}
+
+
+def test_a_healthy_load_with_clients_hanging_up_draws_nothing_and_leaves_no_queue(
+    sglang_pd: EnginePair,
+) -> None:
+    """The seeds' abort race on the real engine: clients through the stock router, a third of
+    them hanging up before the answer or mid-stream, for LOAD_SECONDS at pdwarden's defaults."""
+    events0, history0, found0 = _quiet(sglang_pd)
+    clients = _Clients(sglang_pd.router, LOAD_LOOPS).start()
+    start = time.monotonic()
+    while time.monotonic() - start < LOAD_SECONDS:
+        time.sleep(5)
+    clients.stop()
+    print(f"\n[sglang] {LOAD_SECONDS:.0f}s of {LOAD_LOOPS} clients: {clients.answered} answered, "
+          f"{clients.cancelled} hung up, {clients.failed} failed {clients.errors[:3]}")  # fmt: skip
+    assert clients.answered > 0
+    assert clients.cancelled >= 0.3 * (clients.answered + clients.cancelled) - LOAD_LOOPS
+    assert not clients.failed, clients.errors[:5]
+    # Every queue empties once the clients are gone (a room a hang-up left behind would stay).
+    t0 = time.monotonic()
+    left = sglang_pd.cluster.wait_until(
+        "every queue gauge back to 0", lambda: not _queued(sglang_pd) or None, timeout=60
+    )
+    assert left
+    print(f"[sglang] queues empty {time.monotonic() - t0:.0f}s after the storm")
+    sglang_pd.operator.wait_cycles(2)
+    assert _quiet(sglang_pd) == (events0, history0, found0)
+
+
+def _timeline(pair: EnginePair, until: Any, timeout: float) -> tuple[list[str], float]:
+    """Poll status until `until(history)` holds; every change of findings or ledger, timed."""
+    seen: list[str] = []
+    start = time.monotonic()
+    while True:
+        st = status(pair.cluster, pair.namespace, pair.name)
+        history = list((st.get("remediation") or {}).get("history", []))
+        now = (
+            f"wedges {[(w['pod'].rsplit('-', 2)[-2], w['reason']) for w in st.get('wedges', [])]} "
+            f"ledger {[(e['action'], e.get('pod', '')) for e in history]}"
+        )
+        if not seen or not seen[-1].endswith(now):
+            seen.append(f"{time.monotonic() - start:5.0f}s {now}")
+        if until(history):
+            return seen, time.monotonic() - start
+        assert time.monotonic() - start < timeout, "\n".join(seen)
+        time.sleep(2)
+
+
+def test_a_frozen_prefill_scheduler_is_found_on_the_prefill_and_repaired(
+    sglang_pd: EnginePair,
+) -> None:
+    prefill = sglang_pd.pod("prefill")
+    clients = _Clients(sglang_pd.router, 2, cancel_every=10**9).start()
+    frozen = freeze_scheduler(prefill["metadata"]["uid"])
+    try:
+        seen, took = _timeline(sglang_pd, lambda h: h, timeout=400)
+    finally:
+        thaw(frozen)
+        clients.stop()
+    print("\n[sglang] frozen prefill:\n  " + "\n  ".join(seen))
+    print(f"[sglang] first action {took:.0f}s after the freeze")
+    entry = _history(sglang_pd)[0]
+    assert entry["pod"] == prefill["metadata"]["name"], entry
