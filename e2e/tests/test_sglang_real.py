@@ -12,7 +12,16 @@ file order:
 2. the series pdwarden's SGLang adapter reads exist on the real server with the labels it
    expects, and pdwarden, judging the pair all along, has found nothing;
 3. a healthy load through the router with a third of the clients hanging up (before the answer,
-   mid-stream): no finding, no action, no WedgeDetected Event, and every queue gauge back to 0.
+   mid-stream): no finding, no action, no WedgeDetected Event, and every queue gauge back to 0;
+3b. the simulator (e2e/sglang_sim.py) exposes what the real server does (families, TYPE, HELP,
+   label names), and every series pdwarden reads from the real server;
+4. the prefill's scheduler frozen (SIGSTOP of `sglang::scheduler`, its HTTP server alive) with
+   requests arriving: found on the prefill by the pair canary (both sides' own /health), never
+   on the decode, the prefill restarted, and the pair serving through the router again;
+5. the decode's scheduler frozen likewise: found dead on the decode, never on the prefill,
+   cordoned, restarted, and routed to again once the stock router readmits it.
+
+Faults come from outside (e2e/sglang/faults.py): signals to the pod's processes.
 """
 
 from __future__ import annotations
@@ -21,30 +30,40 @@ import contextlib
 import json
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from http.client import HTTPConnection
+from pathlib import Path
 from typing import Any
 
 import pytest
+from bench.harness import free_port, wait_for
 from e2e.enginepair import EnginePair
 from e2e.httpjson import http
-from e2e.pdtools import status
-from e2e.sglang.client import metric, pd_generate
+from e2e.pdtools import status, wait_ready
+from e2e.sglang.client import metric, pd_generate, url
 from e2e.sglang.faults import freeze_scheduler
+from e2e.sglang.fixtures import RESTART_AFTER, WEDGE_AFTER
+from e2e.sglang.pods import STARTUP_SECONDS
 from e2e.vllm.faults import thaw
+from prometheus_client.parser import text_string_to_metric_families
 
 from pdwarden.engines.sglang import METRICS
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.sglang]
 XFERS = "sglang:kv_transfer_latency_ms_count"
+SIM = Path(__file__).resolve().parents[1] / "sglang_sim.py"
 # Healthy load through the stock router: seconds and client loops (the >= 5 min run of the issue
 # sets PDWARDEN_SGLANG_LOAD_SECONDS=300).
 LOAD_SECONDS = float(os.environ.get("PDWARDEN_SGLANG_LOAD_SECONDS", "120"))
 LOAD_LOOPS = 4
 
 
-def _router_generate(pair: EnginePair, text: str, tokens: int = 8) -> dict[str, Any]:
+def _router_generate(
+    pair: EnginePair, text: str, tokens: int = 8, timeout: float = 180
+) -> dict[str, Any]:
     body = {"text": text, "sampling_params": {"max_new_tokens": tokens, "temperature": 0}}
 
     def routed() -> Any:
@@ -52,7 +71,7 @@ def _router_generate(pair: EnginePair, text: str, tokens: int = 8) -> dict[str, 
         # The stock router answers 503 until its discovery has admitted both pods.
         return answer if code == 200 else None
 
-    answer = pair.cluster.wait_until("the stock sglang-router to route", routed, 180)
+    answer = pair.cluster.wait_until("the stock sglang-router to route", routed, timeout)
     assert isinstance(answer, dict), answer
     return answer
 
@@ -87,6 +106,50 @@ def test_the_series_pdwarden_reads_exist_and_nothing_was_found(sglang_pd: Engine
     assert metric(prefill, XFERS, engine_type="prefill") >= 1
     sglang_pd.operator.wait_cycles(2)
     assert _quiet(sglang_pd) == ([], [], 0.0)
+
+
+def _families(text: str) -> dict[str, tuple[str, str, frozenset[frozenset[str]]]]:
+    """Family -> (TYPE, HELP, the label-name sets of its samples)."""
+    return {
+        f.name: (f.type, f.documentation,
+                 frozenset(frozenset(s.labels) for s in f.samples))
+        for f in text_string_to_metric_families(text)
+    }  # fmt: skip
+
+
+def _simulated(role: str) -> str:
+    """The simulator's /metrics with the real pair's flags, after the same kind of traffic."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(SIM), "--model-path", "tiny", "--disaggregation-mode", role,
+         "--host", "127.0.0.1", "--port", str(port), "--enable-metrics"],
+        env={"PATH": "/usr/bin:/bin", "SGLANG_SIM_PHASE": "healthy"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: http("GET", url + "/ready", timeout=2)[0] == 200, 30, "the simulator")
+        for _ in range(3):
+            http("GET", url + "/health", timeout=5)
+        return str(http("GET", url + "/metrics", timeout=5)[1])
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_the_simulator_exposes_what_the_real_server_does(sglang_pd: EnginePair) -> None:
+    """The simulator (servers this box cannot run) held to the real thing: every family it
+    writes exists on the real server with the same TYPE, HELP and label names, and every series
+    pdwarden reads that the real server writes, the simulator writes too."""
+    read = {n.removesuffix("_count") for n in METRICS.names()}
+    for role in ("prefill", "decode"):
+        real = _families(str(http("GET", url(sglang_pd.ip(role), "/metrics"))[1]))
+        sim = _families(_simulated(role))
+        assert set(sim) <= set(real), f"{role}: not on the real server: {set(sim) - set(real)}"
+        differ = {n: (sim[n], real[n]) for n in sim if sim[n] != real[n]}
+        assert not differ, f"{role}: the simulator differs from the real server: {differ}"
+        missing = {n for n in read & set(real) if n not in sim}
+        assert not missing, f"{role}: pdwarden reads these, the simulator lacks them: {missing}"
 
 
 def _wedge_events(pair: EnginePair) -> list[str]:
@@ -247,18 +310,90 @@ def _timeline(pair: EnginePair, until: Any, timeout: float) -> tuple[list[str], 
         time.sleep(2)
 
 
-def test_a_frozen_prefill_scheduler_is_found_on_the_prefill_and_repaired(
+def _announced_on(pair: EnginePair, pod: str) -> list[str]:
+    return [m for m in _wedge_events(pair) if f" on {pod}" in m.split(":", 1)[0]]
+
+
+def _serving_again(pair: EnginePair, since: float) -> float:
+    """Seconds from `since` until both pods are Ready and the stock router answers (its own
+    health checks readmit a new pod)."""
+    wait_ready(pair.cluster, pair.namespace, {"prefill": "1/1", "decode": "1/1"},
+               STARTUP_SECONDS, pair.name)  # fmt: skip
+    _router_generate(pair, "serving again", 4, timeout=300)
+    return time.monotonic() - since
+
+
+def test_a_frozen_prefill_scheduler_is_found_on_the_prefill_and_restarted(
     sglang_pd: EnginePair,
 ) -> None:
+    """The prefill's scheduler frozen with requests arriving through the router: every scheduler
+    gauge of both pods stays at its last snapshot (the decode's showing requests running). The
+    pair canary asks both sides' own /health: the prefill's gets no answer twice in a row while
+    the decode's does, so the prefill is restarted (RestartPrefill: an abort would go through
+    the frozen scheduler) and nothing is found on the decode."""
     prefill = sglang_pd.pod("prefill")
+    name, uid = prefill["metadata"]["name"], prefill["metadata"]["uid"]
+    decode = sglang_pd.pod("decode")["metadata"]["name"]
     clients = _Clients(sglang_pd.router, 2, cancel_every=10**9).start()
-    frozen = freeze_scheduler(prefill["metadata"]["uid"])
+    frozen = freeze_scheduler(uid)
+    frozen_at = time.monotonic()
     try:
-        seen, took = _timeline(sglang_pd, lambda h: h, timeout=400)
+        seen, took = _timeline(sglang_pd, lambda h: h, timeout=WEDGE_AFTER + 240)
     finally:
         thaw(frozen)
         clients.stop()
     print("\n[sglang] frozen prefill:\n  " + "\n  ".join(seen))
-    print(f"[sglang] first action {took:.0f}s after the freeze")
-    entry = _history(sglang_pd)[0]
-    assert entry["pod"] == prefill["metadata"]["name"], entry
+    [entry] = _history(sglang_pd)
+    assert (entry["action"], entry["pod"], entry["uid"]) == ("RestartPrefill", name, uid), entry
+    assert entry["reason"].startswith("PrefillDead: pair canary"), entry
+    assert not _announced_on(sglang_pd, decode), _wedge_events(sglang_pd)
+    serving = _serving_again(sglang_pd, frozen_at)
+    assert sglang_pd.pod("prefill")["metadata"]["uid"] != uid
+    print(f"[sglang] frozen prefill -> RestartPrefill {took:.0f}s after the freeze, serving "
+          f"again through the router {serving:.0f}s after it")  # fmt: skip
+    assert not _announced_on(sglang_pd, decode), _wedge_events(sglang_pd)
+    assert len(_history(sglang_pd)) == 1
+
+
+def test_a_frozen_decode_scheduler_is_cordoned_restarted_and_readmitted_by_the_router(
+    sglang_pd: EnginePair,
+) -> None:
+    """The decode's scheduler frozen with requests in its queues: the pair canary hears the
+    prefill's /health and not the decode's, twice in a row, so the decode is dead: cordoned
+    (although it is the only one: it serves nobody), restarted restartAfterSeconds later, and
+    the stock router routes to the new pod once its own health checks readmit it. Nothing is
+    found on the prefill while the decode is dead (its rooms wait on that decode); once the
+    decode is gone, rooms it stranded on the prefill may be aborted (AbortRequests), never the
+    prefill restarted."""
+    prefill = sglang_pd.pod("prefill")["metadata"]["name"]
+    decode = sglang_pd.pod("decode")
+    name, uid = decode["metadata"]["name"], decode["metadata"]["uid"]
+    before, events = len(_history(sglang_pd)), set(_announced_on(sglang_pd, prefill))
+    clients = _Clients(sglang_pd.router, 2, cancel_every=10**9).start()
+    frozen = freeze_scheduler(uid)
+    frozen_at = time.monotonic()
+    try:
+        seen, cordoned = _timeline(sglang_pd, lambda h: len(h) > before, WEDGE_AFTER + 240)
+        assert set(_announced_on(sglang_pd, prefill)) == events, _wedge_events(sglang_pd)
+        more, restarted = _timeline(
+            sglang_pd, lambda h: any(e["action"] == "RestartDecode" for e in h[before:]),
+            RESTART_AFTER + 240,
+        )  # fmt: skip
+    finally:
+        thaw(frozen)
+        clients.stop()
+    print("\n[sglang] frozen decode:\n  " + "\n  ".join(seen + more))
+    cordon, restart = (e for e in _history(sglang_pd)[before:] if e["pod"] == name)
+    assert (cordon["action"], cordon["pod"], cordon["uid"]) == ("CordonDecode", name, uid)
+    assert "engine frozen" in cordon["reason"], cordon
+    assert (restart["action"], restart["pod"], restart["uid"]) == ("RestartDecode", name, uid)
+    serving = _serving_again(sglang_pd, frozen_at)
+    assert sglang_pd.pod("decode")["metadata"]["uid"] != uid
+    print(f"[sglang] frozen decode -> CordonDecode {cordoned:.0f}s, RestartDecode "
+          f"{cordoned + restarted:.0f}s after the freeze; serving again through the router "
+          f"{serving:.0f}s after it")  # fmt: skip
+    on_prefill = [e for e in _history(sglang_pd)[before:] if e["pod"] == prefill]
+    assert all(e["action"] == "AbortRequests" for e in on_prefill), on_prefill
+    assert all(e["time"] >= restart["time"] for e in on_prefill), on_prefill
+    print(f"[sglang] on the prefill after the decode's restart: "
+          f"{[(e['action'], e['reason'][:120]) for e in on_prefill]}")  # fmt: skip

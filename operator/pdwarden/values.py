@@ -162,13 +162,18 @@ class CanaryResult:
     detail: str
 
 
-PairOutcome = Literal["decoded", "prefill_dead", "decode_dead", "suspect", "unknown"]
+PairOutcome = Literal["decoded", "alive", "prefill_dead", "decode_dead", "suspect", "unknown"]
+# How a pair canary asks (`PairCanary.protocol`): "pd" sends one request through the prefill and
+# then the decode (the KV moves); "health" asks both sides' own health checks at once, for an
+# engine whose two PD legs wait on each other, so that a leg without an answer names no side.
+PairProtocol = Literal["pd", "health"]
 
 
 @dataclass(frozen=True)
 class PairResult:
     """What one pair canary found (`remediation.confirm.pair_canary`): decoded (the prefill
-    answered, the decode pulled the KV and answered, in `seconds`); prefill_dead or decode_dead
+    answered, the decode pulled the KV and answered, in `seconds`); alive (the "health"
+    protocol: both sides' own health checks answered, in `seconds`); prefill_dead or decode_dead
     (that leg got no answer within the deadline while the pod's own counters stood still);
     suspect (such a dead leg, but fewer times in a row than canary.failureThreshold: judged by
     `decide.pairs.judged`, never by the sender); or unknown (anything else: it proves nothing).
@@ -201,7 +206,8 @@ class PairCanary:
     effects: Mapping[str, Mapping[str, float]]  # role -> Sample counter -> added by one canary
     prompt: tuple[int, ...] = (1, 2, 3, 4)
     models_path: str = "/v1/models"
-    path: str = "/v1/completions"
+    path: str = "/v1/completions"  # "pd": the legs' path; "health": the health check's (GET)
+    protocol: PairProtocol = "pd"
 
     def prefill_body(self, model: str) -> dict[str, Any]:
         return {"model": model, "prompt": list(self.prompt), "max_tokens": 1, "stream": False,

@@ -14,7 +14,7 @@ from pdwarden.remediation.decide.pairs import (
     still,
     with_pair_outcomes,
 )
-from pdwarden.remediation.detect.evidence import PodView
+from pdwarden.remediation.detect.evidence import Finding, PodView
 from pdwarden.remediation.detect.pull import kv_read_stuck
 from pdwarden.remediation.detect.rules import Detection
 from pdwarden.remediation.memory import organic
@@ -129,6 +129,29 @@ def test_prefill_dead_is_a_prefill_dead_finding_on_the_prefill() -> None:
     [f] = got.findings
     assert (f.pod, f.role, f.reason) == ("p-0", "prefill", "PrefillDead")
     assert "d-0" in f.evidence and got.dead_decodes == frozenset()
+
+
+def test_a_healthy_side_waiting_on_a_dead_one_has_no_finding_of_its_own() -> None:
+    """SGLang: a frozen prefill leaves the decode's gauges showing requests running, so the
+    decode reads as stalled; the canary that found the prefill dead heard the decode answer."""
+    stalled = Finding(pod="d-0", role="decode", reason="DecodeStalled", evidence="flat")
+    before = Detection(findings=(stalled,), stalled_decodes=frozenset({"d-0"}))
+    dead = PairResult("p-0", "d-0", "prefill_dead", "no answer", decode_answered=True)
+    got = with_pair_outcomes(before, [dead])
+    assert [(f.pod, f.reason) for f in got.findings] == [("p-0", "PrefillDead")]
+    assert got.stalled_decodes == frozenset()
+    # A decode that did not answer that canary keeps its own finding.
+    silent = with_pair_outcomes(before, [replace(dead, decode_answered=False)])
+    assert {(f.pod, f.reason) for f in silent.findings} == {
+        ("p-0", "PrefillDead"), ("d-0", "DecodeStalled")}  # fmt: skip
+    assert silent.stalled_decodes == {"d-0"}
+    gauge = Finding(pod="p-0", role="prefill", reason="InflightGaugeStuck", evidence="flat")
+    decode_dead = with_pair_outcomes(
+        Detection(findings=(gauge,)), [PairResult("p-0", "d-0", "decode_dead", "no answer")]
+    )
+    assert [(f.pod, f.reason) for f in decode_dead.findings] == [("d-0", "DecodeDead")]
+    alive = with_pair_outcomes(before, [PairResult("p-0", "d-0", "alive", "both answered")])
+    assert alive.canaries["d-0"].verdict == "alive" and alive.findings == (stalled,)
 
 
 def test_unknown_proves_nothing_and_decoded_only_notes_the_decode_alive() -> None:

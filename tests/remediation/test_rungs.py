@@ -343,7 +343,7 @@ def test_restart_prefill_is_refused_like_1v() -> None:
 def test_plan_restarts_a_dead_prefill_only_on_an_engine_whose_ladder_has_rung_1p() -> None:
     finding = prefill_dead()
     for engine, expected in (("vllm", [("RestartPrefill", "p-0")]), ("pdworker", []),
-                             ("sglang", [])):  # fmt: skip
+                             ("sglang", [("RestartPrefill", "p-0")])):  # fmt: skip
         d = deciding(finding)
         got = plan(d.spec, d.detection, d.decodes, d.history, d.now, decode_replicas=2,
                    engine=engine, prefills=d.prefills)  # fmt: skip

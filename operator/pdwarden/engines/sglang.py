@@ -161,8 +161,20 @@ PROBE_MOVED: Final[tuple[ProbeMoved, ...]] = (
     ("sglang:queue_time_seconds_count", {}),
 )
 # Without a rooms API the narrowest repair of a wedged prefill is aborting all its requests,
-# then (opt-in) restarting it: remediation/decide/rungs.py `abort_requests`.
+# then (opt-in) restarting it: remediation/decide/rungs.py `abort_requests`. A prefill whose
+# scheduler is frozen aborts nothing (the abort goes through that scheduler): it is restarted.
 _PREFILL_WEDGES: Final = ("InflightStuck", "PeerIncarnationGone", "InflightGaugeStuck")
+# The pair canary asks both sides' own /health at once (remediation/confirm/pair_canary.py,
+# "health"): SGLang's PD legs go out together and wait on each other, so a leg without an
+# answer names no side, while /health is answered by the scheduler loop itself, busy or idle
+# (managers/scheduler.py: a busy scheduler acknowledges it at once, an idle one runs it), and
+# turns 503 when no answer came within SGLANG_HEALTH_CHECK_TIMEOUT (20 s). Observed on the real
+# pair (e2e/tests/test_sglang_real.py): a frozen prefill scheduler leaves every scheduler gauge
+# of both pods at its last snapshot (the decode's showing requests running), so only asking
+# tells which side stopped. It moves only PROBE_MOVED series: nothing read as progress.
+PAIR_CANARY: Final = PairCanary(
+    prefill_fields={}, carried="", effects={}, path=SGLANG_HEALTH_PATH, protocol="health"
+)
 
 
 @dataclass(frozen=True)
@@ -175,9 +187,12 @@ class SGLang:
     bootstrap_key: bool = False  # SGLang's bootstrap server takes no key
     decode_lists_prefills: bool = False
     canary_confirms_decodes: bool = False
-    pair_canary: PairCanary | None = None
+    pair_canary: PairCanary | None = PAIR_CANARY
     prefill_rungs: Mapping[str, PrefillRung] = field(
-        default_factory=lambda: dict.fromkeys(_PREFILL_WEDGES, "abort_requests")
+        default_factory=lambda: {
+            **dict.fromkeys(_PREFILL_WEDGES, "abort_requests"),
+            "PrefillDead": "restart_prefill",
+        }
     )
     advisory_rules: tuple[AdviceRule, ...] = sglang_advice.RULES
 

@@ -157,7 +157,7 @@ async def confirm_pairs(
             if sent_leg and name in uids:
                 pm = r.mem.pods.setdefault(uids[name], PodMemory())
                 pm.canary_effects.append((ended, shape.effects.get(role, {})))
-        if res.outcome != "decoded":
+        if res.outcome not in ("decoded", "alive"):
             log.log(
                 logging.WARNING if res.outcome.endswith("_dead") or res.outcome == "suspect"
                 else logging.INFO,

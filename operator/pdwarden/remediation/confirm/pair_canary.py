@@ -6,7 +6,11 @@ does an idle one; a prefill frozen with no read in flight shows nothing at all. 
 the real transfer path of a pair (SGLang's /health uses a fake bootstrap, Dynamo's canary skips
 vLLM decodes). So a pod whose counters stopped (`decide.pairs`) is asked, through its pair's own PD
 path: for vLLM, the prefill leg with `kv_transfer_params.do_remote_decode` and the decode leg
-with the prefill's answer, which makes the decode pull the KV over NIXL.
+with the prefill's answer, which makes the decode pull the KV over NIXL. SGLang's two legs go
+out at once and wait on each other (a frozen prefill leaves both unanswered), so for it the
+canary is the "health" protocol: both sides' own health checks at once (SGLang's /health, which
+its scheduler answers however busy, and which answers 503 when the scheduler did not answer within
+SGLANG_HEALTH_CHECK_TIMEOUT); no KV moves, and the counters read as progress are untouched.
 
 Outcomes, per leg in order: no answer within the deadline on an open connection while the
 pod's own progress counters (scraped before and after, through the same client) did not move
@@ -25,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from http import HTTPStatus
 from typing import Any, Final
 
 import aiohttp
@@ -106,6 +112,8 @@ class PairCanarySender:
         started = time.monotonic()
         canary, tenant = call.canary, call.tenant
         before = await asyncio.gather(self._sample(prefill, tenant), self._sample(decode, tenant))
+        if canary.protocol == "health":
+            return await self._health(prefill, decode, call, before, started)
         model = await self._model(prefill, canary, tenant)
         answer = await self._leg(call, "prefill", prefill, canary.prefill_body(model), before[0])
         if isinstance(answer, _Ended):
@@ -123,6 +131,66 @@ class PairCanarySender:
             f"{prefill.pod} -> {decode.pod}: KV moved and a token decoded in {took:.1f}s",
             seconds=took, prefill_answered=True, decode_answered=True,
         )  # fmt: skip
+
+    async def _health(
+        self, prefill: Target, decode: Target, call: _Call,
+        before: Sequence[Sample | None], started: float,
+    ) -> PairResult:  # fmt: skip
+        """Both sides' own health checks at once; a side that fails its own (no answer in time,
+        or the engine's own verdict that its scheduler did not answer) while its counters stand
+        still is dead, the prefill named first."""
+        p, d = await asyncio.gather(
+            self._check(call, "prefill", prefill, before[0]),
+            self._check(call, "decode", decode, before[1]),
+        )
+        answered = {"prefill_answered": p is None, "decode_answered": d is None}
+        ended = [e for e in (p, d) if e is not None]
+        for e in sorted(ended, key=lambda e: not e.outcome.endswith("_dead")):
+            return PairResult(prefill.pod, decode.pod, e.outcome, e.why, **answered)
+        took = time.monotonic() - started
+        return PairResult(
+            prefill.pod, decode.pod, "alive",
+            f"{prefill.pod} and {decode.pod}: both answered their own health checks in "
+            f"{took:.1f}s", seconds=took, prefill_answered=True, decode_answered=True,
+        )  # fmt: skip
+
+    async def _check(
+        self, call: _Call, role: str, target: Target, before: Sample | None
+    ) -> _Ended | None:
+        """None when the side's health check answered 200, else how it ended."""
+        what = f"{role} health check on {target.pod}"
+        call.sent.add(role)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_SECONDS)
+        try:
+            async with (
+                asyncio.timeout(call.deadline),
+                self.shares.share(call.tenant).slots,
+                self.shares.session().get(target.base + call.canary.path, timeout=timeout) as r,
+            ):
+                if r.status == 200:
+                    return None
+                if r.status != HTTPStatus.SERVICE_UNAVAILABLE:
+                    return _Ended("unknown", f"{what}: HTTP {r.status}")
+                late = f"{what}: 503, the engine's own verdict that its scheduler did not answer"
+        except TimeoutError:  # before OSError, which it is
+            late = f"{what}: no answer within {call.deadline:g}s"
+        except (aiohttp.ClientError, OSError) as e:
+            return _Ended("unknown", f"{what}: {type(e).__name__}")
+        return await self._silent(call, role, target, before, late)
+
+    async def _silent(
+        self, call: _Call, role: str, target: Target, before: Sample | None, late: str
+    ) -> _Ended:
+        """How a side that gave no answer ends the canary: dead only while its own counters
+        stand still (a slow engine moves them)."""
+        moved = progressed(before, await self._sample(target, call.tenant))
+        if moved is None:
+            return _Ended("unknown", f"{late} and its metrics unreadable")
+        if moved:
+            return _Ended("unknown", f"{late}, but its counters move (slow, not dead)")
+        outcome: PairOutcome = "prefill_dead" if role == "prefill" else "decode_dead"
+        return _Ended(outcome, f"{late} while its API server answers and its own counters "
+                               "stand still (engine frozen)")  # fmt: skip
 
     async def _model(self, target: Target, canary: PairCanary, tenant: str) -> str:
         what = f"GET {canary.models_path} on {target.pod}"
@@ -148,15 +216,8 @@ class PairCanarySender:
         try:
             answer = await self._post(call, target, body, what)
         except _Dead:
-            moved = progressed(before, await self._sample(target, call.tenant))
             late = f"{what}: no answer within {call.deadline:g}s"
-            if moved is None:
-                return _Ended("unknown", f"{late} and its metrics unreadable")
-            if moved:
-                return _Ended("unknown", f"{late}, but its counters move (slow, not dead)")
-            outcome: PairOutcome = "prefill_dead" if role == "prefill" else "decode_dead"
-            return _Ended(outcome, f"{late} while its API server answers and its own counters "
-                                   "stand still (engine frozen)")  # fmt: skip
+            return await self._silent(call, role, target, before, late)
         if not has_choice(answer):
             raise Unknown(f"{what}: answer without a choice")
         return answer

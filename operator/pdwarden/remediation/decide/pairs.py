@@ -23,8 +23,10 @@ pods' histories, unit-tested without a network.
   unknown leaves it.
 * Outcomes: decode_dead makes the decode dead for the ladder exactly as the one-token canary's
   dead verdict does (rung 2v: cordon, then restart while it stays dead); prefill_dead is a
-  PrefillDead finding on the prefill (rung 1p: restart it); decoded proves both alive; suspect
-  and unknown prove nothing and never act.
+  PrefillDead finding on the prefill (rung 1p: restart it), and a decode that answered that
+  canary is no longer stalled (it waits on the dead prefill), and while a decode is dead no
+  prefill's gauge-read stuck queue (InflightGaugeStuck) is its own; decoded (and alive, the "health"
+  protocol's answer) proves both alive; suspect and unknown prove nothing and never act.
 * A decode found dead stays dead between its canaries (`held_dead`) while its counters stand
   still and it answered nothing since: its repair spans cycles (cordon, then restart
   restartAfterSeconds later), and a cycle in the quiet window after its last canary learns
@@ -167,13 +169,22 @@ def with_pair_outcomes(
                 Finding(pod=r.decode, role=ROLE_DECODE, reason="DecodeDead",
                         evidence=f"pair canary with {r.prefill}: {r.detail}")
             )  # fmt: skip
-        elif r.outcome == "decoded" and canaries.get(r.decode) is None:
+        elif r.outcome in ("decoded", "alive") and canaries.get(r.decode) is None:
             canaries[r.decode] = CanaryResult(r.decode, "alive", f"pair canary: {r.detail}")
+    # A decode that answered while its prefill was found dead waits on that prefill: its stall
+    # is the prefill's (SGLang's gauges even keep showing its requests running), not its own.
+    waiting = {r.decode for r in results if r.outcome == "prefill_dead" and r.decode_answered}
+    findings = [f for f in findings if not (f.reason == "DecodeStalled" and f.pod in waiting)]
     dead = frozenset(n for n, c in canaries.items() if c.verdict == "dead")
+    if dead:
+        # Likewise a prefill's queue that stopped draining while a decode is dead: its rooms
+        # wait on that decode (SGLang's prefill gauges stay at their last snapshot meanwhile),
+        # and the decode's repair is what frees them.
+        findings = [f for f in findings if f.reason != "InflightGaugeStuck"]
     return replace(
         detection,
         findings=tuple(findings),
-        stalled_decodes=detection.stalled_decodes | dead,
+        stalled_decodes=(detection.stalled_decodes - waiting) | dead,
         healthy_decodes=detection.healthy_decodes - dead,
         canaries=canaries,
     )
