@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,6 +25,37 @@ from e2e.pdtools import apply, pods, router_url, wait_ready
 
 # The pods' IPs (prefill, decode) -> why the pair cannot serve the tier ("" when it can).
 Preflight = Callable[[str, str], str]
+
+
+def preflight_rounds(
+    request: Callable[[str], object], engine: str, rounds: int, concurrent: int, seconds: float
+) -> str:
+    """Why the pair cannot serve ("" when it can): `rounds` rounds of `concurrent` PD requests
+    at once (`request(text)` sends one straight to the pods, raising if it fails), each round
+    answered within `seconds`."""
+    for r in range(rounds):
+        failures: list[str] = []
+
+        def one(i: int, r: int = r, failures: list[str] = failures) -> None:
+            try:
+                request(f"preflight {r}.{i}")
+            except Exception as exc:  # a timeout is the engine's hang; anything else too
+                failures.append(f"{type(exc).__name__}: {exc}"[:300])
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(concurrent)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + seconds
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        failures += ["no answer at all"] * sum(t.is_alive() for t in threads)
+        if failures:
+            return (
+                f"the stock {engine} pair cannot move KV: in round {r + 1} of {rounds}, "
+                f"{len(failures)} of {concurrent} PD requests sent straight to the pods failed "
+                f"({failures[0]}); see e2e/{engine.lower()}/fixtures.py"
+            )
+    return ""
 
 
 @dataclass

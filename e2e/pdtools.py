@@ -188,3 +188,17 @@ def scrape(url: str) -> dict[str, float]:
             key, _, value = line.rpartition(" ")
             out[key] = float(value)
     return out
+
+
+def scraped_sum(metrics_url: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` (exposed name, e.g. with `_total`) at `metrics_url` that
+    carry every label value given; AssertionError when there is no such sample (a renamed
+    series must fail loudly)."""
+    found = [
+        value
+        for key, value in scrape(metrics_url).items()
+        if key.partition("{")[0] == name
+        and all(f'{k}="{v}"' in key.partition("{")[2] for k, v in labels.items())
+    ]
+    assert found, f"{metrics_url} exposes no {name} with {labels}"
+    return sum(found)

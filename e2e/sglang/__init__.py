@@ -10,9 +10,10 @@ vLLM tier uses). It is built once into the cache outside the repository (`build.
 from __future__ import annotations
 
 import hashlib
-import os
-import subprocess
 from pathlib import Path
+
+from e2e import enginevenv
+from e2e.enginevenv import cache_root
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build.sh"
@@ -23,18 +24,7 @@ IMAGE_SUFFIX = "sglang"
 
 
 def versions() -> dict[str, str]:
-    """`versions.env` as a dict (KEY=VALUE lines, # comments)."""
-    out: dict[str, str] = {}
-    for raw in VERSIONS_FILE.read_text().splitlines():
-        line = raw.strip()
-        if line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            out[key.strip()] = value.strip()
-    return out
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("PDWARDEN_CACHE") or Path.home() / ".cache" / "pdwarden")
+    return enginevenv.read_versions(VERSIONS_FILE)
 
 
 def venv_dir() -> Path:
@@ -47,16 +37,9 @@ def venv_dir() -> Path:
 
 
 def venv_ready(venv: Path | None = None) -> bool:
-    venv = venv or venv_dir()
-    return (venv / ".pdwarden-complete").exists() and os.access(venv / "bin" / "python", os.X_OK)
+    return enginevenv.ready(venv or venv_dir(), "python")
 
 
 def ensure_venv(timeout: float = 3600) -> Path:
-    """Build (or reuse) the venv; raise RuntimeError with the build's tail if it fails. The
-    script runs even for a finished venv: it refreshes the CPU image's pieces there."""
-    out = subprocess.run(
-        [str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=timeout, check=False
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"{BUILD_SCRIPT} failed ({out.returncode}): {out.stderr[-2000:]}")
-    return Path(out.stdout.strip().splitlines()[-1])
+    """Build (or reuse) the venv (e2e/enginevenv.py `build`)."""
+    return enginevenv.build(BUILD_SCRIPT, timeout)

@@ -15,8 +15,6 @@ requests sent straight to the pods (stock SGLang, no router), or the tier errors
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,29 +60,10 @@ PREFLIGHT_ROUNDS, PREFLIGHT_CONCURRENT, PREFLIGHT_SECONDS = 4, 3, 45
 
 def preflight(prefill: str, decode: str) -> str:
     """Why the pair at these pod IPs cannot serve the tier ("" when it can)."""
-    for r in range(PREFLIGHT_ROUNDS):
-        failures: list[str] = []
-
-        def one(i: int, r: int = r, failures: list[str] = failures) -> None:
-            try:
-                pd_generate(prefill, decode, f"preflight {r}.{i}", 4, timeout=PREFLIGHT_SECONDS)
-            except Exception as exc:  # a timeout is the engine's hang; anything else too
-                failures.append(f"{type(exc).__name__}: {exc}"[:300])
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(PREFLIGHT_CONCURRENT)]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + PREFLIGHT_SECONDS + 15
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        failures += ["no answer at all"] * sum(t.is_alive() for t in threads)
-        if failures:
-            return (
-                f"the stock SGLang pair cannot move KV: in round {r + 1} of {PREFLIGHT_ROUNDS}, "
-                f"{len(failures)} of {PREFLIGHT_CONCURRENT} PD requests sent straight to the "
-                f"pods failed ({failures[0]}); see e2e/sglang/fixtures.py"
-            )
-    return ""
+    return enginepair.preflight_rounds(
+        lambda text: pd_generate(prefill, decode, text, 4, timeout=PREFLIGHT_SECONDS),
+        "SGLang", PREFLIGHT_ROUNDS, PREFLIGHT_CONCURRENT, PREFLIGHT_SECONDS + 15,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from e2e.httpjson import http
-from e2e.pdtools import scrape
+from e2e.pdtools import scraped_sum
 from e2e.vllm.pods import HTTP_PORT, SERVED_NAME
 
 PREFILL_PARAMS = {
@@ -63,16 +63,8 @@ def pd_complete(
 
 
 def metric(pod_ip: str, name: str, **labels: str) -> float:
-    """Sum of the samples of `name` (exposed name, e.g. with `_total`) matching `labels`;
-    AssertionError when vLLM exposes no such sample (a renamed series must fail loudly)."""
-    found = [
-        value
-        for key, value in scrape(url(pod_ip, "/metrics")).items()
-        if key.partition("{")[0] == name
-        and all(f'{k}="{v}"' in key.partition("{")[2] for k, v in labels.items())
-    ]
-    assert found, f"{pod_ip} exposes no {name} with {labels}"
-    return sum(found)
+    """Sum of the pod's samples of `name` matching `labels` (e2e/pdtools.py `scraped_sum`)."""
+    return scraped_sum(url(pod_ip, "/metrics"), name, **labels)
 
 
 def decode_leg_in_background(

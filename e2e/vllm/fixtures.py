@@ -19,8 +19,6 @@ they starved each other (0-1.6 tokens/s, steps stalled 20-40 s); the pods now ke
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -77,30 +75,11 @@ PREFLIGHT_ROUNDS, PREFLIGHT_CONCURRENT, PREFLIGHT_SECONDS = 8, 3, 45
 
 def preflight(prefill: str, decode: str) -> str:
     """Why the pair at these pod IPs cannot serve the tier ("" when it can): PD requests sent
-    straight to the pods, a few at once, each answered within PREFLIGHT_SECONDS."""
-    for r in range(PREFLIGHT_ROUNDS):
-        failures: list[str] = []
-
-        def one(i: int, r: int = r, failures: list[str] = failures) -> None:
-            try:
-                pd_complete(prefill, decode, f"preflight {r}.{i}", 4, timeout=PREFLIGHT_SECONDS)
-            except Exception as exc:  # a timeout is the engine's hang; anything else too
-                failures.append(f"{type(exc).__name__}: {exc}"[:300])
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(PREFLIGHT_CONCURRENT)]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 2 * PREFLIGHT_SECONDS + 15  # two legs each
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        failures += ["no answer at all"] * sum(t.is_alive() for t in threads)
-        if failures:
-            return (
-                f"the stock vLLM pair cannot move KV: in round {r + 1} of {PREFLIGHT_ROUNDS}, "
-                f"{len(failures)} of {PREFLIGHT_CONCURRENT} PD requests sent straight to the pods "
-                f"failed ({failures[0]}); see e2e/vllm/fixtures.py"
-            )
-    return ""
+    straight to the pods, a few at once, each answered within PREFLIGHT_SECONDS a leg."""
+    return enginepair.preflight_rounds(
+        lambda text: pd_complete(prefill, decode, text, 4, timeout=PREFLIGHT_SECONDS),
+        "vLLM", PREFLIGHT_ROUNDS, PREFLIGHT_CONCURRENT, 2 * PREFLIGHT_SECONDS + 15,
+    )  # fmt: skip
 
 
 def deployed(
