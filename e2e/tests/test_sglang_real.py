@@ -19,7 +19,9 @@ file order:
    requests arriving: found on the prefill by the pair canary (both sides' own /health), never
    on the decode, the prefill restarted, and the pair serving through the router again;
 5. the decode's scheduler frozen likewise: found dead on the decode, never on the prefill,
-   cordoned, restarted, and routed to again once the stock router readmits it.
+   cordoned, restarted, and routed to again once the stock router readmits it;
+6. every process of the decode killed: left to the kubelet, the prefill never restarted, the
+   pair serving again.
 
 Faults come from outside (e2e/sglang/faults.py): signals to the pod's processes.
 """
@@ -42,9 +44,9 @@ import pytest
 from bench.harness import free_port, wait_for
 from e2e.enginepair import EnginePair
 from e2e.httpjson import http
-from e2e.pdtools import status, wait_ready
+from e2e.pdtools import scrape, status, wait_ready
 from e2e.sglang.client import metric, pd_generate, url
-from e2e.sglang.faults import freeze_scheduler
+from e2e.sglang.faults import freeze_scheduler, kill_server
 from e2e.sglang.fixtures import RESTART_AFTER, WEDGE_AFTER
 from e2e.sglang.pods import STARTUP_SECONDS
 from e2e.vllm.faults import thaw
@@ -397,3 +399,40 @@ def test_a_frozen_decode_scheduler_is_cordoned_restarted_and_readmitted_by_the_r
     assert all(e["time"] >= restart["time"] for e in on_prefill), on_prefill
     print(f"[sglang] on the prefill after the decode's restart: "
           f"{[(e['action'], e['reason'][:120]) for e in on_prefill]}")  # fmt: skip
+
+
+def test_a_killed_decode_is_left_to_the_kubelet_and_nothing_harms_the_prefill(
+    sglang_pd: EnginePair,
+) -> None:
+    """Every process of the decode killed (an OOM kill) under load, the prefill alive: the
+    kubelet restarts the container, SGLang's prefill counts the failed transfers and bootstraps
+    itself, and pdwarden restarts nothing (the decode's metrics are gone: unknown, never
+    judged); the rooms the dead decode stranded on the prefill may be aborted (AbortRequests),
+    the prefill is never restarted. The pair serves again."""
+    prefill = sglang_pd.pod("prefill")
+    prefill_name, prefill_uid = prefill["metadata"]["name"], prefill["metadata"]["uid"]
+    decode = sglang_pd.pod("decode")
+    before = len(_history(sglang_pd))
+    clients = _Clients(sglang_pd.router, 2, cancel_every=10**9).start()
+    killed_at = time.monotonic()
+    try:
+        kill_server(decode["metadata"]["uid"])
+        serving = _serving_again(sglang_pd, killed_at)
+    finally:
+        clients.stop()
+    sglang_pd.operator.wait_cycles(2)
+    after = _history(sglang_pd)[before:]
+    prefill_ip = sglang_pd.ip("prefill")
+    failed = {
+        name: sum(
+            v for k, v in scrape(url(prefill_ip, "/metrics")).items()
+            if k.partition("{")[0] == name
+        )
+        for name in ("sglang:num_bootstrap_failed_reqs_total",
+                     "sglang:num_transfer_failed_reqs_total")
+    }  # fmt: skip
+    print(f"\n[sglang] killed decode: serving through the router again {serving:.0f}s after "
+          f"the kill; SGLang's prefill counted {failed}; pdwarden: "
+          f"{[(e['action'], e['pod'], e['reason'][:100]) for e in after]}")  # fmt: skip
+    assert sglang_pd.pod("prefill")["metadata"]["uid"] == prefill_uid  # never restarted
+    assert all(e["action"] == "AbortRequests" and e["pod"] == prefill_name for e in after), after
