@@ -88,7 +88,8 @@ RESTART_PREFILL_NEEDS_ABORT = Rule(
     ),
     message=(
         "remediation.actions: RestartPrefill needs AbortRequests unless engine is vllm: a "
-        "prefill pod is restarted only when aborting its requests did not drain its inflight queue"
+        "prefill pod whose queue is stuck is restarted only when aborting its requests did not "
+        "drain it"
     ),
     field_path=".remediation.actions",
     check=lambda s: (
@@ -204,8 +205,9 @@ class RemediationSpec(ApiModel):
             "needs CordonDecode), AbortRequests (sglang: abort every request of a wedged prefill "
             "pod, the only way stock SGLang frees wedged rooms) and RestartPrefill (opt-in; "
             "sglang: delete a prefill pod whose inflight queue still does not drain "
-            "restartAfterSeconds after AbortRequests, and needs AbortRequests; vllm: delete the "
-            "prefill a decode's KV read is stuck on)."
+            "restartAfterSeconds after AbortRequests, or whose scheduler a pair canary found "
+            "frozen, and needs AbortRequests; vllm: delete the prefill a decode's KV read is "
+            "stuck on or a pair canary found dead)."
         ),
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
