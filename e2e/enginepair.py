@@ -114,12 +114,14 @@ def deployed(
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         release_pddeployments(cluster, ns)
         if wait_gone:
-            cluster.wait_until(
-                f"the pods of namespace {ns} gone",
-                lambda: (
-                    not cluster.kubectl(
-                        "get", "pods", "-n", ns, "-o", "name", check=False
-                    ).stdout.strip()
-                ),
-                wait_gone,
-            )
+            wait_pods_gone(cluster, ns, wait_gone)
+
+
+def wait_pods_gone(cluster: Cluster, ns: str, timeout: float) -> None:
+    """Until the namespace has no pod left (a deleted pair's processes are gone)."""
+
+    def gone() -> bool:
+        out = cluster.kubectl("get", "pods", "-n", ns, "-o", "name", check=False)
+        return not out.stdout.strip()
+
+    cluster.wait_until(f"the pods of namespace {ns} gone", gone, timeout)

@@ -20,14 +20,13 @@ model; only the policy's namespace and operator are its own.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from e2e.fixtures import Cluster, OperatorProcess
-from e2e.pdtools import apply, get_json, pod_condition, recorded
+from e2e.foreign import POLICY_CYCLES, Foreign, foreign_pair, policy
+from e2e.pdtools import apply
 from e2e.policy_pool import open_namespace
 from e2e.repair_times import record
 from e2e.vllm.client import pd_complete
@@ -35,90 +34,10 @@ from e2e.vllm.faults import freeze_engine, thaw
 from e2e.vllm.fixtures import VllmModel, preflight
 from e2e.vllm.pods import HTTP_PORT, STARTUP_SECONDS, pd_deployment
 
-from pdwarden.api import parse_spec
-from pdwarden.constants import API_VERSION, POLICY_KIND
-from pdwarden.render import Owner
-from pdwarden.render.deployment import render_deployment
-
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.vllm]
 APP = "vllm-foreign"
 SCRAPE, WEDGE_AFTER, RESTART_AFTER = 2, 45, 90
 READING = "vllm:num_requests_kv_fetch_by_stage"
-POLICY_CYCLES = "pdwarden_policy_cycles_total"
-
-
-def foreign_pair(model: str, ns: str) -> list[dict[str, Any]]:
-    """The prefill and decode StatefulSets (and their headless Services) a user runs by hand."""
-    spec = parse_spec(pd_deployment(model, APP)["spec"])
-    out = []
-    for obj in render_deployment(Owner(APP, ns, str(uuid.uuid4())), spec):
-        role = obj["metadata"]["name"].removeprefix(f"{APP}-")
-        if obj["kind"] not in ("StatefulSet", "Service") or role not in ("prefill", "decode"):
-            continue
-        labels = {"app": APP, "role": role}
-        obj["metadata"] = {"name": obj["metadata"]["name"], "labels": labels}
-        if obj["kind"] == "Service":
-            obj["spec"]["selector"] = labels
-        else:
-            obj["spec"]["selector"] = {"matchLabels": labels}
-            template = obj["spec"]["template"]
-            template["metadata"] = {"labels": labels}
-            pod = template["spec"]
-            pod.pop("readinessGates", None)
-            # pdwarden's admin token: vLLM does not read it, and a user's pool has none.
-            pod["volumes"] = [v for v in pod["volumes"] if "secret" not in v]
-            for c in pod["containers"]:
-                mounts = c.get("volumeMounts") or []
-                c["volumeMounts"] = [m for m in mounts if m["name"] in _names(pod["volumes"])]
-        out.append(obj)
-    assert len(out) == 4, [o["metadata"]["name"] for o in out]
-    return out
-
-
-def _names(volumes: list[dict[str, Any]]) -> set[str]:
-    return {v["name"] for v in volumes}
-
-
-def policy(**remediation: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": POLICY_KIND,
-        "metadata": {"name": APP},
-        "spec": {
-            "engine": "vllm",
-            "prefillSelector": {"matchLabels": {"app": APP, "role": "prefill"}},
-            "decodeSelector": {"matchLabels": {"app": APP, "role": "decode"}},
-            "metrics": {"port": HTTP_PORT},
-            "remediation": {
-                "scrapeIntervalSeconds": SCRAPE, "wedgeAfterSeconds": WEDGE_AFTER,
-                "restartAfterSeconds": RESTART_AFTER, **remediation,
-            },
-        },
-    }  # fmt: skip
-
-
-class Foreign:
-    def __init__(self, cluster: Cluster, ns: str, operator: OperatorProcess) -> None:
-        self.cluster, self.ns, self.operator = cluster, ns, operator
-
-    def pod(self, role: str) -> dict[str, Any]:
-        items = get_json(self.cluster, self.ns, "pods", "-l", f"app={APP},role={role}")["items"]
-        live = [p for p in items if not p["metadata"].get("deletionTimestamp")]
-        assert len(live) == 1, [p["metadata"]["name"] for p in items]
-        return dict(live[0])
-
-    def ready(self) -> bool:
-        try:
-            pods = [self.pod(r) for r in ("prefill", "decode")]
-        except AssertionError:
-            return False
-        return all(pod_condition(p, "Ready").get("status") == "True" for p in pods)
-
-    def status(self) -> dict[str, Any]:
-        return dict((get_json(self.cluster, self.ns, "pdrp", APP) or {}).get("status") or {})
-
-    def ledger(self) -> list[dict[str, Any]]:
-        return recorded(list((self.status().get("remediation") or {}).get("history") or []))
 
 
 @pytest.fixture(scope="module")
@@ -128,9 +47,9 @@ def foreign(
     ns = open_namespace(cluster)
     op = OperatorProcess(cluster, [ns], Path(tmp_path_factory.mktemp("vllmp")) / "op.log").start()
     try:
-        for obj in foreign_pair(str(vllm_model.path), ns):
+        for obj in foreign_pair(pd_deployment(str(vllm_model.path), APP), APP, ns):
             apply(cluster, ns, obj)
-        pool = Foreign(cluster, ns, op)
+        pool = Foreign(cluster, ns, op, APP)
         t0 = time.monotonic()
         cluster.wait_until("the foreign vLLM pair Ready", pool.ready, STARTUP_SECONDS)
         print(f"[vllm] foreign pair Ready in {time.monotonic() - t0:.0f}s", flush=True)
@@ -138,7 +57,9 @@ def foreign(
         if broken:  # the rig's fault (e2e/vllm/fixtures.py), never pdwarden's: said at once
             pytest.fail(broken, pytrace=False)
         # The policy, here so that each scenario runs on its own too (bench/repair.py runs one).
-        apply(cluster, ns, policy(mode="Enforce", actions=["RestartPrefill"]))
+        apply(cluster, ns, policy(APP, "vllm", HTTP_PORT, scrapeIntervalSeconds=SCRAPE,
+                                  wedgeAfterSeconds=WEDGE_AFTER, restartAfterSeconds=RESTART_AFTER,
+                                  mode="Enforce", actions=["RestartPrefill"]))  # fmt: skip
         yield pool
     finally:
         op.stop()
