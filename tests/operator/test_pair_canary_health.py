@@ -152,3 +152,29 @@ def test_answers_that_prove_nothing_are_unknown_and_unreachable_pods_never_raise
 
     res = asyncio.run(go())
     assert res.outcome == "unknown" and "p-9" in res.detail
+
+
+def test_a_wait_for_a_connection_slot_is_never_read_as_a_silent_pod() -> None:
+    """With every slot of its tenant busy, the canary proves nothing (unknown), however long
+    the wait: the wait is ours, not the pod's."""
+
+    async def go() -> PairResult:
+        client = WorkerClient(connections_per_tenant=1, timeout=0.5)
+        try:
+            async with (
+                pod("p-0", "prefill", healthy) as (pt, _papp),
+                pod("d-0", "decode", healthy) as (dt, _dapp),
+            ):
+                await client.share("t").slots.acquire()
+                try:
+                    return await PairCanarySender(client, client).pair(
+                        pt, dt, PAIR_CANARY, "t", 0.4
+                    )
+                finally:
+                    client.share("t").slots.release()
+        finally:
+            await client.close()
+
+    res = asyncio.run(go())
+    assert res.outcome == "unknown" and "no connection slot" in res.detail, res
+    assert not res.prefill_answered and not res.decode_answered

@@ -159,12 +159,17 @@ class PairCanarySender:
     ) -> _Ended | None:
         """None when the side's health check answered 200, else how it ended."""
         what = f"{role} health check on {target.pod}"
-        call.sent.add(role)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_SECONDS)
+        slots = self.shares.share(call.tenant).slots
+        try:  # a wait for a connection slot is ours, never the pod's silence
+            async with asyncio.timeout(MODELS_SECONDS):
+                await slots.acquire()
+        except TimeoutError:
+            return _Ended("unknown", f"{what}: no connection slot free within {MODELS_SECONDS:g}s")
+        call.sent.add(role)
         try:
             async with (
                 asyncio.timeout(call.deadline),
-                self.shares.share(call.tenant).slots,
                 self.shares.session().get(target.base + call.canary.path, timeout=timeout) as r,
             ):
                 if r.status == 200:
@@ -176,6 +181,8 @@ class PairCanarySender:
             late = f"{what}: no answer within {call.deadline:g}s"
         except (aiohttp.ClientError, OSError) as e:
             return _Ended("unknown", f"{what}: {type(e).__name__}")
+        finally:
+            slots.release()
         return await self._silent(call, role, target, before, late)
 
     async def _silent(
