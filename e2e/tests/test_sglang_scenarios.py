@@ -65,6 +65,10 @@ def sglang_deployment(prefill_phase: str, decode_phase: str) -> dict[str, Any]:
                 "scrapeIntervalSeconds": SCRAPE, "wedgeAfterSeconds": WEDGE_AFTER,
                 "restartAfterSeconds": RESTART_AFTER, "cooldownSeconds": 2,
                 "maxUnavailableDecode": 1, "actions": ALL_ACTIONS,
+                # The pair canary (both sides' /health) is tested on the real SGLang pair
+                # (test_sglang_real.py); here its own /metrics reads and probes would blur the
+                # reads and probes these scenarios count.
+                "canary": {"enabled": False},
             },
         },
     }  # fmt: skip

@@ -11,6 +11,8 @@ Scrapes every 5 s, wedgeAfterSeconds 60, as in the default spec.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sglang_bodies import series
 
 from pdwarden.remediation.detect.evidence import PodView
@@ -253,3 +255,17 @@ def test_optimistic_prefill_keeps_the_decode_backlog_excuse() -> None:
     history = series("prefill", 40, inflight=3, sent=500, finished=500)
     prefill = PodView("p-0", "prefill", "uid-p-0", history, rooms_wait_for_decode_kv=True)
     assert detect([prefill, busy_decode_short_of_slots(40)], WEDGE_AFTER).findings == ()
+
+
+def test_a_decode_out_of_sight_leaves_a_prefills_gauge_unjudged() -> None:
+    """Seen on the real SGLang pair: while a decode is away (killed, restarting, unreachable)
+    the prefill's gauges keep their last snapshot, so a stuck-looking inflight gauge proves
+    nothing about the prefill, whatever its settings; the decode is judged on its own."""
+    history = series("prefill", 40, inflight=3, sent=500, finished=500)
+    for waits in (False, True):
+        prefill = PodView("p-0", "prefill", "uid-p-0", history, rooms_wait_for_decode_kv=waits)
+        away = replace(busy_decode_short_of_slots(40), stale=True)
+        assert detect([prefill, away], WEDGE_AFTER).findings == (), waits
+        late = busy_decode_short_of_slots(40)
+        late = replace(late, history=late.history[-3:])  # back only since the window began
+        assert detect([prefill, late], WEDGE_AFTER).findings == (), waits

@@ -10,7 +10,9 @@ functions over recorded data, unit-tested on sample series. The rules:
   pod restarted or vanished). Flagged at once: that peer will never answer.
 * InflightGaugeStuck: for engines without a rooms API (stock SGLang), the inflight queue did not
   drain for the whole window: it held rooms in every sample, not one room left it (no KV transfer
-  finished, none failed, no request finished), and, where the prefill's settings let rooms into that
+  finished, none failed, no request finished), every decode pod was in sight over the window (a
+  gone or unreachable decode may be what the rooms wait on, and SGLang's gauges then keep their
+  last snapshot), and, where the prefill's settings let rooms into that
   queue before their decode allocated KV (`PodView.rooms_wait_for_decode_kv`), no decode pod is busy
   with a backlog of requests waiting for KV slots (then the one legal reason for rooms to wait
   there). A queue that is never empty under load is steady state, not a wedge: what matters is that
@@ -156,11 +158,15 @@ def inflight_not_draining(
         f"inflight queue held >= {stuck:g} rooms for {end - start:.0f}s and none left it "
         f"(no KV transfer finished or failed)"
     )
+    if any(d.stale or not d.history or d.history[0].at > start for d in decodes):
+        # A decode we cannot see over the window may be the one the rooms wait on: gone,
+        # restarting (its repair is its own: the kubelet's, or ours on a dead verdict), or
+        # unreachable. Seen on the real SGLang pair: a prefill's gauges keep their last snapshot
+        # while its decode is away, and acting on it restarted a healthy prefill.
+        return None
     if not waits_for_decode_kv:
         return f"{head}; rooms enter it only after their decode allocated KV"
     for d in decodes:
-        if d.stale or not d.history or d.history[0].at > start:
-            return None  # a decode we cannot see over the window may be the one they wait on
         seen = [s for s in d.history if start <= s.at <= end] or [d.history[-1]]
         if all(s.queue("prealloc_queue") > 0 for s in seen) and _progressed(
             seen, "completed", "kv_transfers"
