@@ -269,3 +269,11 @@ def test_a_decode_out_of_sight_leaves_a_prefills_gauge_unjudged() -> None:
         late = busy_decode_short_of_slots(40)
         late = replace(late, history=late.history[-3:])  # back only since the window began
         assert detect([prefill, late], WEDGE_AFTER).findings == (), waits
+        # Killed and back within the window: a hole in its samples.
+        h = busy_decode_short_of_slots(40).history
+        holed = replace(late, history=h[:-12] + h[-2:])
+        assert detect([prefill, holed], WEDGE_AFTER).findings == (), waits
+    # In sight all along (the test above): the gauge is judged.
+    prefill = PodView("p-0", "prefill", "uid-p-0", history, rooms_wait_for_decode_kv=False)
+    (f,) = detect([prefill, busy_decode_short_of_slots(40)], WEDGE_AFTER).findings
+    assert f.reason == "InflightGaugeStuck"

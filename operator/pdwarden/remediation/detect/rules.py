@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from pdwarden.constants import ROLE_DECODE, ROLE_PREFILL
 from pdwarden.remediation.detect.evidence import Finding, PodView
@@ -158,7 +159,10 @@ def inflight_not_draining(
         f"inflight queue held >= {stuck:g} rooms for {end - start:.0f}s and none left it "
         f"(no KV transfer finished or failed)"
     )
-    if any(d.stale or not d.history or d.history[0].at > start for d in decodes):
+    # Out of sight: stale now, or a gap in its samples over the window longer than a few of
+    # the prefill's own scrape intervals (a decode killed and back within the window).
+    gap = 3 * (end - start) / max(len(window) - 1, 1) + 1
+    if any(d.stale or _out_of_sight(d, start, end, gap) for d in decodes):
         # A decode we cannot see over the window may be the one the rooms wait on: gone,
         # restarting (its repair is its own: the kubelet's, or ours on a dead verdict), or
         # unreachable. Seen on the real SGLang pair: a prefill's gauges keep their last snapshot
@@ -173,6 +177,14 @@ def inflight_not_draining(
         ):
             return None  # a busy decode is short of KV slots: rooms wait for it legally
     return f"{head}; no decode pod is busy with a backlog"
+
+
+def _out_of_sight(view: PodView, start: float, end: float, gap: float) -> bool:
+    """Whether the pod's samples leave a hole longer than `gap` anywhere in [start, end]."""
+    if not view.history or view.history[0].at > start:
+        return True
+    seen = [start, *(s.at for s in view.history if start < s.at <= end), end]
+    return any(b - a > gap for a, b in pairwise(seen))
 
 
 def _prefill_findings(
