@@ -91,7 +91,22 @@ def test_kv_moves_straight_between_the_pods_and_through_the_stock_router(
     assert metric(prefill, XFERS) >= before + 2
 
 
+def _published(pair: EnginePair) -> None:
+    """Until both pods show their scheduler gauges: SGLang's /metrics carries them only once the
+    scheduler published them (observed: a decode's appeared seconds after its first batches)."""
+
+    def shown() -> bool:
+        return all(
+            any(k.startswith("sglang:num_running_reqs{")
+                for k in scrape(url(pair.ip(role), "/metrics")))
+            for role in ("prefill", "decode")
+        )  # fmt: skip
+
+    pair.cluster.wait_until("both pods' scheduler gauges on /metrics", shown, 120)
+
+
 def test_the_series_pdwarden_reads_exist_and_nothing_was_found(sglang_pd: EnginePair) -> None:
+    _published(sglang_pd)
     prefill, decode = sglang_pd.ip("prefill"), sglang_pd.ip("decode")
     names = METRICS.names()
     # Gauges every PD server exports (the failure counters appear only after a failure).
@@ -143,6 +158,7 @@ def test_the_simulator_exposes_what_the_real_server_does(sglang_pd: EnginePair) 
     """The simulator (servers this box cannot run) held to the real thing: every family it
     writes exists on the real server with the same TYPE, HELP and label names, and every series
     pdwarden reads that the real server writes, the simulator writes too."""
+    _published(sglang_pd)
     read = {n.removesuffix("_count") for n in METRICS.names()}
     for role in ("prefill", "decode"):
         real = _families(str(http("GET", url(sglang_pd.ip(role), "/metrics"))[1]))
