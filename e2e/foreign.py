@@ -8,11 +8,20 @@ instead), beside headless Services, and a policy that selects them by those labe
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import time
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from e2e.enginepair import Preflight, wait_pods_gone
 from e2e.fixtures import Cluster, OperatorProcess
-from e2e.pdtools import get_json, pod_condition, recorded
+from e2e.pdtools import apply, get_json, pod_condition, recorded
+from e2e.policy_pool import open_namespace
 from pdwarden.api import parse_spec
 from pdwarden.constants import API_VERSION, POLICY_KIND
 from pdwarden.render import Owner
@@ -94,3 +103,39 @@ class Foreign:
 
     def ledger(self) -> list[dict[str, Any]]:
         return recorded(list((self.status().get("remediation") or {}).get("history") or []))
+
+
+@contextlib.contextmanager
+def deployed(
+    cluster: Cluster,
+    doc: dict[str, Any],
+    the_policy: dict[str, Any],
+    log: Path,
+    *,
+    startup_seconds: float,
+    preflight: Preflight,
+    wait_gone: float = 0,
+) -> Iterator[Foreign]:
+    """PDDeployment `doc`'s pair as foreign StatefulSets in a namespace of their own with an
+    operator of its own, Ready and past the preflight (the rig's fault, said at once), then
+    `the_policy` over them; all deleted afterwards (with `wait_gone`, its pods awaited gone)."""
+    app = str(doc["metadata"]["name"])
+    ns = open_namespace(cluster)
+    op = OperatorProcess(cluster, [ns], log).start()
+    try:
+        for obj in foreign_pair(doc, app, ns):
+            apply(cluster, ns, obj)
+        pool = Foreign(cluster, ns, op, app)
+        t0 = time.monotonic()
+        cluster.wait_until(f"the foreign pair {app} Ready", pool.ready, startup_seconds)
+        print(f"[{app}] foreign pair Ready in {time.monotonic() - t0:.0f}s", file=sys.stderr)
+        broken = preflight(pool.ip("prefill"), pool.ip("decode"))
+        if broken:
+            pytest.fail(broken, pytrace=False)
+        apply(cluster, ns, the_policy)
+        yield pool
+    finally:
+        op.stop()
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        if wait_gone:
+            wait_pods_gone(cluster, ns, wait_gone)

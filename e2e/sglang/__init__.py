@@ -19,8 +19,6 @@ HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build.sh"
 VERSIONS_FILE = HERE / "versions.env"
 LOCK_FILE = HERE / "requirements.lock"
-# The image repository the local kubelet maps onto this venv's python (e2e/kubelet/images.py).
-IMAGE_SUFFIX = "sglang"
 
 
 def versions() -> dict[str, str]:

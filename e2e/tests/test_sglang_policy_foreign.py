@@ -22,11 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e.enginepair import wait_pods_gone
-from e2e.fixtures import Cluster, OperatorProcess
-from e2e.foreign import POLICY_CYCLES, Foreign, foreign_pair, policy
-from e2e.pdtools import apply
-from e2e.policy_pool import open_namespace
+from e2e.fixtures import Cluster
+from e2e.foreign import POLICY_CYCLES, Foreign, deployed, policy
 from e2e.sglang.client import pd_generate
 from e2e.sglang.faults import freeze_scheduler
 from e2e.sglang.fixtures import GONE_SECONDS, SCRAPE, WEDGE_AFTER, SGLangModel, preflight
@@ -41,26 +38,14 @@ APP = "sglang-foreign"
 def foreign(
     cluster: Cluster, crd: str, sglang_model: SGLangModel, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Foreign]:
-    ns = open_namespace(cluster)
-    op = OperatorProcess(cluster, [ns], Path(tmp_path_factory.mktemp("sglp")) / "op.log").start()
-    try:
-        for obj in foreign_pair(pd_deployment(str(sglang_model.path), APP), APP, ns):
-            apply(cluster, ns, obj)
-        pool = Foreign(cluster, ns, op, APP)
-        t0 = time.monotonic()
-        cluster.wait_until("the foreign SGLang pair Ready", pool.ready, STARTUP_SECONDS)
-        print(f"[sglang] foreign pair Ready in {time.monotonic() - t0:.0f}s", flush=True)
-        broken = preflight(pool.ip("prefill"), pool.ip("decode"))
-        if broken:  # the rig's fault (e2e/sglang/fixtures.py), never pdwarden's: said at once
-            pytest.fail(broken, pytrace=False)
-        # SGLang's RestartPrefill comes with AbortRequests (the API refuses it alone).
-        apply(cluster, ns, policy(APP, "sglang", HTTP_PORT, mode="Enforce",
-                                  actions=["AbortRequests", "RestartPrefill"]))  # fmt: skip
+    # SGLang's RestartPrefill comes with AbortRequests (the API refuses it alone).
+    the_policy = policy(APP, "sglang", HTTP_PORT, mode="Enforce",
+                 actions=["AbortRequests", "RestartPrefill"])  # fmt: skip
+    log = Path(tmp_path_factory.mktemp("sglp")) / "op.log"
+    doc = pd_deployment(str(sglang_model.path), APP)
+    with deployed(cluster, doc, the_policy, log, startup_seconds=STARTUP_SECONDS,
+                  preflight=preflight, wait_gone=GONE_SECONDS) as pool:  # fmt: skip
         yield pool
-    finally:
-        op.stop()
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-        wait_pods_gone(cluster, ns, GONE_SECONDS)
 
 
 def test_the_policy_selects_the_real_pair_and_healthy_requests_draw_nothing(

@@ -24,10 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e.fixtures import Cluster, OperatorProcess
-from e2e.foreign import POLICY_CYCLES, Foreign, foreign_pair, policy
-from e2e.pdtools import apply
-from e2e.policy_pool import open_namespace
+from e2e.fixtures import Cluster
+from e2e.foreign import POLICY_CYCLES, Foreign, deployed, policy
 from e2e.repair_times import record
 from e2e.vllm.client import pd_complete
 from e2e.vllm.faults import freeze_engine, thaw
@@ -44,26 +42,15 @@ READING = "vllm:num_requests_kv_fetch_by_stage"
 def foreign(
     cluster: Cluster, crd: str, vllm_model: VllmModel, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Foreign]:
-    ns = open_namespace(cluster)
-    op = OperatorProcess(cluster, [ns], Path(tmp_path_factory.mktemp("vllmp")) / "op.log").start()
-    try:
-        for obj in foreign_pair(pd_deployment(str(vllm_model.path), APP), APP, ns):
-            apply(cluster, ns, obj)
-        pool = Foreign(cluster, ns, op, APP)
-        t0 = time.monotonic()
-        cluster.wait_until("the foreign vLLM pair Ready", pool.ready, STARTUP_SECONDS)
-        print(f"[vllm] foreign pair Ready in {time.monotonic() - t0:.0f}s", flush=True)
-        broken = preflight(*(pool.pod(r)["status"]["podIP"] for r in ("prefill", "decode")))
-        if broken:  # the rig's fault (e2e/vllm/fixtures.py), never pdwarden's: said at once
-            pytest.fail(broken, pytrace=False)
-        # The policy, here so that each scenario runs on its own too (bench/repair.py runs one).
-        apply(cluster, ns, policy(APP, "vllm", HTTP_PORT, scrapeIntervalSeconds=SCRAPE,
-                                  wedgeAfterSeconds=WEDGE_AFTER, restartAfterSeconds=RESTART_AFTER,
-                                  mode="Enforce", actions=["RestartPrefill"]))  # fmt: skip
+    # The policy comes with the pair, so each scenario runs on its own too (bench/repair.py).
+    the_policy = policy(APP, "vllm", HTTP_PORT, scrapeIntervalSeconds=SCRAPE,
+                 wedgeAfterSeconds=WEDGE_AFTER, restartAfterSeconds=RESTART_AFTER,
+                 mode="Enforce", actions=["RestartPrefill"])  # fmt: skip
+    log = Path(tmp_path_factory.mktemp("vllmp")) / "op.log"
+    doc = pd_deployment(str(vllm_model.path), APP)
+    with deployed(cluster, doc, the_policy, log, startup_seconds=STARTUP_SECONDS,
+                  preflight=preflight) as pool:  # fmt: skip
         yield pool
-    finally:
-        op.stop()
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
 def test_the_policy_selects_the_pair_and_healthy_requests_draw_nothing(foreign: Foreign) -> None:
