@@ -70,7 +70,7 @@ images:  ## build the operator and worker images (needs a Docker engine)
 	docker build -f images/worker-cuda.Dockerfile -t ghcr.io/pdwarden/pdworker:0.1.0-cuda12 .
 
 ENGINE ?= pdworker
-demo: $(STAMP) cluster-bin $(if $(filter vllm,$(ENGINE)),vllm-venv)  ## the main job: wedge a PD deployment on purpose and watch pdwarden repair it (ENGINE=vllm: real vLLM pods)
+demo: $(STAMP) cluster-bin $(if $(filter vllm,$(ENGINE)),vllm-venv) $(if $(filter sglang,$(ENGINE)),sglang-venv)  ## the main job: wedge a PD deployment on purpose and watch pdwarden repair it (ENGINE=vllm or sglang: real engine pods)
 	$(BIN)/python -m e2e.demo --engine $(ENGINE)
 
 bench: $(STAMP) cluster-bin  ## benchmarks; results in bench/results and bench/README.md

@@ -13,6 +13,7 @@ demo-output/timeline.png. Exit status 0 only if everything recovered.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -21,9 +22,12 @@ from typing import Any
 
 from e2e.cluster.controlplane import REPO_ROOT
 from e2e.demo_clock import Clock
+from e2e.demo_engine import EngineStory
 from e2e.demo_pdworker import Scenario, ledger_times
 from e2e.demo_report import format_table, plot_timeline, write_json, write_samples
 from e2e.demo_setup import Setup, acquire_cluster, install, teardown
+
+ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}  # the real-engine stories, by `--engine`
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,18 +61,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--engine",
-        choices=("pdworker", "vllm"),
+        choices=("pdworker", *ENGINES),
         default="pdworker",
-        help="pdworker (default) or real vLLM pods (e2e/demo_vllm.py; `make demo ENGINE=vllm`)",
+        help="pdworker (default), real vLLM pods (e2e/demo_vllm.py; `make demo ENGINE=vllm`) or "
+        "real SGLang pods (e2e/demo_sglang.py; `make demo ENGINE=sglang`)",
     )
     args = parser.parse_args(argv)
     clock = Clock()
-    if args.engine == "vllm":
-        clock.say("pdwarden demo, engine vllm: freeze real vLLM engines, watch pdwarden mend them")
+    if args.engine in ENGINES:
+        clock.say(
+            f"pdwarden demo, engine {args.engine}: freeze real {ENGINES[args.engine]} engines, "
+            f"watch pdwarden mend them"
+        )
         if os.environ.get("KUBECONFIG"):
-            clock.say("the vLLM demo signals the pods' processes on this machine: unset KUBECONFIG")
+            clock.say(
+                f"the {ENGINES[args.engine]} demo signals the pods' processes on this machine: "
+                f"unset KUBECONFIG"
+            )
             return 2
-        summary = _staged(args, clock, _vllm_story)
+        summary = _staged(args, clock, functools.partial(_engine_story, args.engine))
         for line in (summary or {}).get("actions", []):
             clock.say(f"ledger: {line}")
         for line in (summary or {}).get("problems", []):
@@ -140,18 +151,25 @@ def _pdworker_story(setup: Setup, clock: Clock, out: Path) -> dict[str, Any] | N
     return summary
 
 
-def _vllm_story(setup: Setup, clock: Clock, out: Path) -> dict[str, Any]:
-    """The vLLM story (e2e/demo_vllm.py) on the same cluster and install as the pdworker one."""
-    from e2e.demo_vllm import VllmStory
+def _engine_story(engine: str, setup: Setup, clock: Clock, out: Path) -> dict[str, Any]:
+    """A real engine's story (e2e/demo_vllm.py, e2e/demo_sglang.py) on the same cluster and
+    install as the pdworker one."""
+    story: EngineStory
+    if engine == "vllm":
+        from e2e.demo_vllm import VllmStory
 
-    story = VllmStory(setup, clock.say)
+        story = VllmStory(setup, clock.say)
+    else:
+        from e2e.demo_sglang import SGLangStory
+
+        story = SGLangStory(setup, clock.say)
     try:
         story.run()
     except Exception as e:
         story.problems.append(f"the story broke: {type(e).__name__}: {e}")
         clock.say(f"the story broke: {type(e).__name__}: {e}")
     summary = story.summary(setup.operator)
-    write_json(out / "summary-vllm.json", summary)
+    write_json(out / f"summary-{engine}.json", summary)
     return summary
 
 

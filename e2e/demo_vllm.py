@@ -21,11 +21,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
+from e2e.demo_engine import EngineStory
 from e2e.demo_setup import NAMESPACE, Setup
 from e2e.httpjson import http
-from e2e.pdtools import apply, pods, router_url, status, wait_ready
+from e2e.pdtools import apply, router_url
 from e2e.vllm import cache_root, ensure_venv
 from e2e.vllm.client import PREFILL_PARAMS, decode_leg_in_background, metric, pd_complete, url
 from e2e.vllm.faults import freeze_engine, thaw
@@ -41,45 +41,18 @@ ACTIONS = ["CordonDecode", "RestartDecode", "RestartPrefill"]
 READING = "vllm:num_requests_kv_fetch_by_stage"
 
 
-class VllmStory:
+class VllmStory(EngineStory):
+    engine, startup_seconds = "vllm", STARTUP_SECONDS
+
     def __init__(self, setup: Setup, say: Callable[[str], None]) -> None:
-        self.cluster, self.say = setup.cluster, say
-        self.problems: list[str] = []
-        self.ttr: dict[str, float | None] = {"frozen_prefill": None, "frozen_decode": None}
+        super().__init__(setup, say, NAME, ("frozen_prefill", "frozen_decode"))
 
-    # -- helpers -----------------------------------------------------------------------------
-
-    def pod(self, role: str) -> dict[str, Any]:
-        live = [p for p in pods(self.cluster, NAMESPACE, role, NAME)
-                if not p["metadata"].get("deletionTimestamp")]  # fmt: skip
-        assert len(live) == 1, f"{len(live)} {role} pods"
-        return live[0]
-
-    def ledger(self) -> list[dict[str, Any]]:
-        st = status(self.cluster, NAMESPACE, NAME)
-        return list((st.get("remediation") or {}).get("history", []))
-
-    def entry(self, action: str, uid: str, timeout: float) -> dict[str, Any] | None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = [e for e in self.ledger() if e["action"] == action and e.get("uid") == uid]
-            if found:
-                return found[0]
-            time.sleep(1)
-        return None
-
-    def whole_again(self) -> bool:
-        counts = {"prefill": "1/1", "decode": "1/1"}
-        wait_ready(self.cluster, NAMESPACE, counts, STARTUP_SECONDS, NAME)
+    def routed_once(self) -> str | None:
         body = {"model": SERVED_NAME, "prompt": "serve again", "max_tokens": 4, "ignore_eos": True}
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            code, answer = http("POST", self.router + "/v1/completions", body, timeout=120)
-            if code == 200 and isinstance(answer, dict):
-                self.say(f"the router answers again: {answer['choices'][0]['text']!r}")
-                return True
-            time.sleep(2)  # the router's discovery has not seen the new pod yet
-        return False
+        code, answer = http("POST", self.router + "/v1/completions", body, timeout=120)
+        if code == 200 and isinstance(answer, dict):
+            return str(answer["choices"][0]["text"])
+        return None
 
     # -- the story ---------------------------------------------------------------------------
 
@@ -102,8 +75,7 @@ class VllmStory:
         )
         self.say("waiting for both vLLM servers (each imports torch and vLLM: minutes here) ...")
         t0 = time.monotonic()
-        wait_ready(self.cluster, NAMESPACE, {"prefill": "1/1", "decode": "1/1"},
-                   STARTUP_SECONDS, NAME)  # fmt: skip
+        self.wait_pair_ready()
         self.router = router_url(self.cluster, NAMESPACE, NAME)
         self.say(f"both Ready in {time.monotonic() - t0:.0f}s")
         prefill_ip, decode_ip = (self.pod(r)["status"]["podIP"] for r in ("prefill", "decode"))
@@ -158,7 +130,7 @@ class VllmStory:
                 self.problems.append(f"the request in flight got {got!r:.300}")
         finally:
             thaw(frozen)
-        if not self.whole_again():
+        if not self.whole_again(start):
             self.problems.append("the pair did not serve again after act 1")
 
     def frozen_decode(self) -> None:
@@ -190,19 +162,5 @@ class VllmStory:
             self.say(f"pdwarden: RestartDecode {restart['pod']}: {restart['reason']}")
         finally:
             thaw(frozen)
-        if not self.whole_again():
+        if not self.whole_again(start):
             self.problems.append("the pair did not serve again after act 2")
-
-    def summary(self, operator: str) -> dict[str, Any]:
-        ledger = [e for e in self.ledger() if not e.get("dryRun")]
-        return {
-            "deployment": f"{NAMESPACE}/{NAME}",
-            "engine": "vllm",
-            "operator": operator,
-            "actions": [f"{e['action']} {e['pod']} ({e['outcome']})" for e in ledger],
-            "time_to_recovery_s": {
-                k: (round(v, 1) if v is not None else None) for k, v in self.ttr.items()
-            },
-            "recovered": not self.problems,
-            "problems": self.problems,
-        }

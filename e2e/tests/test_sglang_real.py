@@ -332,13 +332,14 @@ def _announced_on(pair: EnginePair, pod: str) -> list[str]:
     return [m for m in _wedge_events(pair) if f" on {pod}" in m.split(":", 1)[0]]
 
 
-def _serving_again(pair: EnginePair, since: float) -> float:
-    """Seconds from `since` until both pods are Ready and the stock router answers (its own
-    health checks readmit a new pod)."""
+def _serving_again(pair: EnginePair, since: float) -> tuple[float, float]:
+    """Seconds from `since` until both pods are Ready, and until the stock router answers (its
+    own health checks readmit a new pod): the second minus the first is the router's part."""
     wait_ready(pair.cluster, pair.namespace, {"prefill": "1/1", "decode": "1/1"},
                STARTUP_SECONDS, pair.name)  # fmt: skip
+    ready = time.monotonic() - since
     _router_generate(pair, "serving again", 4, timeout=300)
-    return time.monotonic() - since
+    return ready, time.monotonic() - since
 
 
 def test_a_frozen_prefill_scheduler_is_found_on_the_prefill_and_restarted(
@@ -365,10 +366,11 @@ def test_a_frozen_prefill_scheduler_is_found_on_the_prefill_and_restarted(
     assert (entry["action"], entry["pod"], entry["uid"]) == ("RestartPrefill", name, uid), entry
     assert entry["reason"].startswith("PrefillDead: pair canary"), entry
     assert not _announced_on(sglang_pd, decode), _wedge_events(sglang_pd)
-    serving = _serving_again(sglang_pd, frozen_at)
+    ready, serving = _serving_again(sglang_pd, frozen_at)
     assert sglang_pd.pod("prefill")["metadata"]["uid"] != uid
-    print(f"[sglang] frozen prefill -> RestartPrefill {took:.0f}s after the freeze, serving "
-          f"again through the router {serving:.0f}s after it")  # fmt: skip
+    print(f"[sglang] frozen prefill -> RestartPrefill {took:.0f}s after the freeze; both pods "
+          f"Ready {ready:.0f}s and serving through the router {serving:.0f}s after it (the "
+          f"router's readmission: {serving - ready:.0f}s)")  # fmt: skip
     assert not _announced_on(sglang_pd, decode), _wedge_events(sglang_pd)
     assert len(_history(sglang_pd)) == 1
 
@@ -405,11 +407,12 @@ def test_a_frozen_decode_scheduler_is_cordoned_restarted_and_readmitted_by_the_r
     assert (cordon["action"], cordon["pod"], cordon["uid"]) == ("CordonDecode", name, uid)
     assert "engine frozen" in cordon["reason"], cordon
     assert (restart["action"], restart["pod"], restart["uid"]) == ("RestartDecode", name, uid)
-    serving = _serving_again(sglang_pd, frozen_at)
+    ready, serving = _serving_again(sglang_pd, frozen_at)
     assert sglang_pd.pod("decode")["metadata"]["uid"] != uid
     print(f"[sglang] frozen decode -> CordonDecode {cordoned:.0f}s, RestartDecode "
-          f"{cordoned + restarted:.0f}s after the freeze; serving again through the router "
-          f"{serving:.0f}s after it")  # fmt: skip
+          f"{cordoned + restarted:.0f}s after the freeze; both pods Ready {ready:.0f}s and "
+          f"serving through the router {serving:.0f}s after it (the router's readmission: "
+          f"{serving - ready:.0f}s)")  # fmt: skip
     on_prefill = [e for e in _history(sglang_pd)[before:] if e["pod"] == prefill]
     assert all(e["action"] == "AbortRequests" for e in on_prefill), on_prefill
     assert all(e["time"] >= restart["time"] for e in on_prefill), on_prefill
@@ -433,7 +436,7 @@ def test_a_killed_decode_is_left_to_the_kubelet_and_nothing_harms_the_prefill(
     killed_at = time.monotonic()
     try:
         kill_server(decode["metadata"]["uid"])
-        serving = _serving_again(sglang_pd, killed_at)
+        ready, serving = _serving_again(sglang_pd, killed_at)
     finally:
         clients.stop()
     sglang_pd.operator.wait_cycles(2)
@@ -447,8 +450,8 @@ def test_a_killed_decode_is_left_to_the_kubelet_and_nothing_harms_the_prefill(
         for name in ("sglang:num_bootstrap_failed_reqs_total",
                      "sglang:num_transfer_failed_reqs_total")
     }  # fmt: skip
-    print(f"\n[sglang] killed decode: serving through the router again {serving:.0f}s after "
-          f"the kill; SGLang's prefill counted {failed}; pdwarden: "
+    print(f"\n[sglang] killed decode: both pods Ready {ready:.0f}s and serving through the "
+          f"router {serving:.0f}s after the kill; SGLang's prefill counted {failed}; pdwarden: "
           f"{[(e['action'], e['pod'], e['reason'][:100]) for e in after]}")  # fmt: skip
     assert sglang_pd.pod("prefill")["metadata"]["uid"] == prefill_uid  # never restarted
     assert all(e["action"] == "AbortRequests" and e["pod"] == prefill_name for e in after), after

@@ -82,3 +82,22 @@ def test_each_operator_event_is_told_once_on_one_line() -> None:
     # A message that does not repeat the reason is kept whole.
     wedge = "DecodeStalled on demo-decode-0: transfer queue 3"
     assert event_line("WedgeDetected", wedge, first=False) == f"Event WedgeDetected: {wedge}"
+
+
+@pytest.mark.parametrize(("engine", "name"), [("vllm", "vLLM"), ("sglang", "SGLang")])
+def test_a_real_engine_demo_refuses_a_remote_cluster_before_touching_it(
+    engine: str, name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real-engine stories freeze the pods' processes on this machine: with KUBECONFIG set
+    they say why they cannot run and exit 2, having acquired nothing."""
+    from e2e import demo
+
+    def untouched(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the demo acquired a cluster")
+
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")
+    monkeypatch.setattr(demo, "acquire_cluster", untouched)
+    assert demo.main(["--engine", engine]) == 2
+    out = capsys.readouterr().out
+    assert f"the {name} demo signals the pods' processes on this machine" in out
+    assert "unset KUBECONFIG" in out

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from sglang_bodies import series
+from sglang_bodies import body, series
 
 from pdwarden.remediation.detect.evidence import PodView
 from pdwarden.remediation.detect.rules import detect
+from pdwarden.remediation.scrape.samples import parse_metrics
 
 WEDGE_AFTER = 60.0
 TEN_MINUTES = 121  # samples 5 s apart
@@ -124,6 +125,39 @@ def test_prefill_whose_inflight_rooms_stop_draining_while_decode_is_idle() -> No
         "(no KV transfer finished or failed); no decode pod is busy with a backlog"
     )
     assert detect([prefill, decode], WEDGE_AFTER).wedged_rooms == 3
+
+
+def never_failed(role: str, rows: list[dict[str, float]]) -> tuple:  # type: ignore[type-arg]
+    """Samples 5 s apart as a server that never failed a request shows them: SGLang creates
+    `num_{bootstrap,transfer}_failed_reqs_total` at the first failure (seen on the real pair)."""
+    return tuple(
+        parse_metrics(
+            "\n".join(ln for ln in body(role, **row).split("\n") if "_failed_reqs_" not in ln),
+            1000.0 + 5 * i,
+            engine="sglang",
+        )
+        for i, row in enumerate(rows)
+    )
+
+
+def test_a_server_that_never_failed_is_judged_from_what_it_shows() -> None:
+    """No failure counters on /metrics: an idle or busy prefill draws nothing for their absence,
+    and a wedged prefill is still found from its other drain counters, at the same scrape as
+    with them."""
+    n = 40
+    sent = [100 + 10 * i for i in range(12)] + [210] * (n - 12)
+    inflight = [2] * 12 + [3] * (n - 12)
+    decode = pod("d-0", "decode", never_failed("decode", [
+        {"decode_tokens": 77_000, "throughput": 0.0}] * n))  # fmt: skip
+    rows = [{"inflight": inflight[i], "sent": sent[i], "finished": sent[i]} for i in range(n)]
+    wedged = pod("p-0", "prefill", never_failed("prefill", rows))
+    assert wedged.history[-1].failed is None  # absent, not 0
+    assert judge_every_cycle(wedged, decode)[0] == (24, "p-0", "InflightGaugeStuck")
+    busy = pod("p-0", "prefill", never_failed("prefill", [
+        {"inflight": 2, "sent": 10 * i, "finished": 10 * i} for i in range(n)]))  # fmt: skip
+    idle = pod("p-0", "prefill", never_failed("prefill", [{"sent": 40, "finished": 40}] * n))
+    for prefill in (busy, idle):
+        assert judge_every_cycle(prefill, decode) == []
 
 
 def test_a_failing_transfer_is_a_drain_not_a_wedge() -> None:
@@ -242,13 +276,16 @@ def busy_decode_short_of_slots(n: int) -> PodView:
 
 
 def test_default_prefill_settings_get_no_decode_backlog_excuse() -> None:
-    """With SGLang's defaults a room enters the inflight queue only after its decode allocated
-    KV: a busy decode short of slots cannot be why rooms stay there."""
+    """With SGLang's defaults a request's room enters the inflight queue only after its decode
+    allocated KV (a /health probe's fake room waits on no decode at all): a busy decode short of
+    slots cannot be why rooms stay there."""
     history = series("prefill", 40, inflight=3, sent=500, finished=500)
     prefill = PodView("p-0", "prefill", "uid-p-0", history, rooms_wait_for_decode_kv=False)
     (f,) = detect([prefill, busy_decode_short_of_slots(40)], WEDGE_AFTER).findings
     assert (f.pod, f.reason, f.room_count) == ("p-0", "InflightGaugeStuck", 3)
-    assert f.evidence.endswith("rooms enter it only after their decode allocated KV")
+    assert f.evidence.endswith(
+        "this prefill never parks a room there to wait for its decode's KV slots"
+    )
 
 
 def test_optimistic_prefill_keeps_the_decode_backlog_excuse() -> None:

@@ -169,7 +169,7 @@ def inflight_not_draining(
         # while its decode is away, and acting on it restarted a healthy prefill.
         return None
     if not waits_for_decode_kv:
-        return f"{head}; rooms enter it only after their decode allocated KV"
+        return f"{head}; this prefill never parks a room there to wait for its decode's KV slots"
     for d in decodes:
         seen = [s for s in d.history if start <= s.at <= end] or [d.history[-1]]
         if all(s.queue("prealloc_queue") > 0 for s in seen) and _progressed(
