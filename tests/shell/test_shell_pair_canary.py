@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 from shell_fakes import CanaryFake, KubeFake, WorkerFake, cluster
 
+from pdwarden import engines
 from pdwarden.constants import KIND, LABEL_ROLE
 from pdwarden.handlers.on_deployment import OperatorState, remediation_cycle
 from pdwarden.remediation.record import ledger
@@ -67,7 +68,7 @@ class PairFake:
         )  # fmt: skip
         return PairResult(prefill.pod, decode.pod, outcome, f"{outcome} (fake)", 0.1,
                           prefill_answered=outcome != "prefill_dead",
-                          decode_answered=outcome == "decoded", prefill_sent=True,
+                          decode_answered=outcome in ("decoded", "alive"), prefill_sent=True,
                           decode_sent=outcome != "prefill_dead")  # fmt: skip
 
 
@@ -323,3 +324,24 @@ def test_the_first_canary_through_a_pair_gets_the_long_deadline_until_one_decode
     asked(state, kube, pair, 3)
     assert pair.asked == [("pd-prefill-0", "pd-decode-0")] * 3
     assert pair.deadlines == [30.0, 4.0, 30.0]
+
+
+def test_a_health_check_canary_gets_the_short_deadline_from_the_first(
+    kube: KubeFake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Health checks (SGLang's pair canary) make no KV handshake and never "decode": each gets
+    deadlineSeconds, the first included (with the long one, SGLang's own 20 s verdict on a frozen
+    scheduler came first, twice: ~45 s to act instead of ~20)."""
+    vllm = engines.ENGINES["vllm"]
+    assert vllm.pair_canary is not None
+    health = replace(vllm.pair_canary, protocol="health", path="/health")
+    monkeypatch.setitem(engines.ENGINES, "vllm", replace(vllm, pair_canary=health))  # type: ignore[arg-type]
+    workers = ClockWorkers(frozen={"pd-prefill-0", "pd-decode-0", "pd-decode-1"})
+    pair = PairFake(outcomes={("pd-prefill-0", "pd-decode-0"): "alive"})
+    state = setup(kube, workers, pair, canary={"quietSeconds": 2})
+    kube.objects[("Pod", "ns", "pd-decode-1")]["metadata"]["labels"][LABEL_ROLE] = "x"  # one pair
+
+    asked(state, kube, pair, 1)
+    asked(state, kube, pair, 2)
+    assert pair.deadlines == [4.0, 4.0]
+    assert history(kube) == []  # alive: nothing to do

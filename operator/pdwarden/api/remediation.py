@@ -107,9 +107,11 @@ _RESTART_NEEDS_CORDON = Rule(
 
 
 class CanarySpec(ApiModel):
-    """Pair canaries (engines that support them: vllm): one request of one output token sent
-    through a prefill and a decode the way the engine's own router sends it, so the KV really
-    moves between them. A pod whose own per-step counters stood still since its last scrape
+    """Pair canaries (engines that support them): for vllm, one request of one output token
+    sent through a prefill and a decode the way the engine's own router sends it, so the KV
+    really moves between them; for sglang, both sides' own /health at once (SGLang's two PD legs
+    wait on each other, so only asking each side names the one that stopped). A pod whose own
+    per-step counters stood still since its last scrape
     (canaries never count) is only a suspect until such a canary shows which side no longer
     answers; an idle pair gets one at most every quietSeconds, so a frozen engine is found
     without user traffic."""
@@ -155,7 +157,8 @@ class CanarySpec(ApiModel):
         description=(
             "Seconds each leg of the first canary through a prefill/decode pair may take (the "
             "pair's KV handshake happens then: measured at more than 8 s on busy CPU pairs); "
-            "once a canary through the pair decoded, deadlineSeconds applies."
+            "once a canary through the pair decoded, deadlineSeconds applies. SGLang's canary "
+            "(each side's own /health) makes no handshake: deadlineSeconds from the first."
         ),
     )
 

@@ -117,7 +117,11 @@ async def confirm_pairs(
 
     async def send(pt: Target, dt: Target) -> PairResult:
         # The first canary through a pair makes its KV handshake: the long deadline (measured).
-        warm = (_incarnation(r.seen, pt), _incarnation(r.seen, dt)) in r.mem.warm_pairs
+        # Health checks make none (a pair whose canary only ever answers "alive" would wait
+        # firstDeadlineSeconds every time: SGLang's own 20 s verdict came first, twice).
+        warm = shape.protocol == "health" or (
+            (_incarnation(r.seen, pt), _incarnation(r.seen, dt)) in r.mem.warm_pairs
+        )
         deadline = float(knobs.deadline_seconds if warm else knobs.first_deadline_seconds)
         try:
             res = await sender.pair(pt, dt, shape, r.seen.tenant, deadline)
