@@ -10,7 +10,9 @@ file order:
    router: each is one real KV transfer (the prefill's `kv_transfer_latency_ms` count, which no
    health probe moves);
 2. the series pdwarden's SGLang adapter reads exist on the real server with the labels it
-   expects, and pdwarden, judging the pair all along, has found nothing;
+   expects, and pdwarden, judging the pair all along, has found nothing; one pair canary sent
+   with pdwarden's own sender moves the KV and the pods' counters by exactly what detection
+   subtracts;
 3. a healthy load through the router with a third of the clients hanging up (before the answer,
    mid-stream): no finding, no action, no WedgeDetected Event, and every queue gauge back to 0;
 3b. the simulator (e2e/sglang_sim.py) exposes what the real server does (families, TYPE, HELP,
@@ -28,6 +30,7 @@ Faults come from outside (e2e/sglang/faults.py): signals to the pod's processes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -48,11 +51,15 @@ from e2e.pdtools import scrape, status, wait_ready
 from e2e.sglang.client import metric, pd_generate, url
 from e2e.sglang.faults import freeze_scheduler, kill_server
 from e2e.sglang.fixtures import RESTART_AFTER, WEDGE_AFTER
-from e2e.sglang.pods import STARTUP_SECONDS
+from e2e.sglang.pods import BOOTSTRAP_PORT, HTTP_PORT, STARTUP_SECONDS
 from e2e.vllm.faults import thaw
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdwarden.engines.sglang import METRICS
+from pdwarden.engines import COUNTER_FIELDS
+from pdwarden.engines.sglang import METRICS, PAIR_CANARY
+from pdwarden.remediation.confirm.pair_canary import PairCanarySender
+from pdwarden.remediation.scrape.worker_client import WorkerClient
+from pdwarden.values import PairResult, Target
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.sglang]
 XFERS = "sglang:kv_transfer_latency_ms_count"
@@ -123,6 +130,62 @@ def test_the_series_pdwarden_reads_exist_and_nothing_was_found(sglang_pd: Engine
     assert metric(prefill, XFERS, engine_type="prefill") >= 1
     sglang_pd.operator.wait_cycles(2)
     assert _quiet(sglang_pd) == ([], [], 0.0)
+
+
+def test_a_pair_canary_moves_the_pairs_counters_by_exactly_what_pdwarden_subtracts(
+    sglang_pd: EnginePair,
+) -> None:
+    """Canaries are traffic: detection subtracts what each one adds to a pod's counters
+    (`engines.sglang.PAIR_CANARY.effects`: its KV request's one transfer on the prefill; the
+    health checks move only series never read). Held here to the real pair: one canary sent with
+    pdwarden's own sender, which must find the KV moved ("decoded"), every counter of both pods
+    read before and after, in a quiet moment (retried when the operator's canary came between)."""
+    roles = ("prefill", "decode")
+    targets = [
+        Target(sglang_pd.pod(role)["metadata"]["name"], "uid", role, sglang_pd.ip(role),
+               HTTP_PORT, engine="sglang",
+               bootstrap_port=BOOTSTRAP_PORT if role == "prefill" else 0)
+        for role in roles
+    ]  # fmt: skip
+
+    async def counters(client: WorkerClient) -> list[dict[str, float]]:
+        out = []
+        for res in await client.scrape(targets, None):
+            assert res.sample is not None, res.error
+            out.append({f: float(v) for f in COUNTER_FIELDS
+                        if (v := getattr(res.sample, f)) is not None})  # fmt: skip
+        return out
+
+    async def one() -> tuple[list[dict[str, float]], PairResult, list[dict[str, float]]]:
+        client = WorkerClient()
+        try:
+            before = await counters(client)
+            res = await PairCanarySender(client, client).pair(*targets, PAIR_CANARY, deadline=30)
+            # The tokenizers count before they answer; the prefill's scheduler may observe the
+            # transfer a moment after the decode answered: until it shows (10 s at most).
+            after = await counters(client)
+            for _ in range(20):
+                if after[0].get("kv_transfers") != before[0].get("kv_transfers"):
+                    break
+                await asyncio.sleep(0.5)
+                after = await counters(client)
+            return before, res, after
+        finally:
+            await client.close()
+
+    deltas: dict[str, dict[str, float]] = {}
+    for _ in range(6):
+        theirs = sglang_pd.operator.metric("pdwarden_pair_canaries_total")
+        before, res, after = asyncio.run(one())
+        assert res.outcome == "decoded", res
+        if sglang_pd.operator.metric("pdwarden_pair_canaries_total") == theirs:
+            deltas = {role: {f: v - b.get(f, 0.0) for f, v in a.items() if v != b.get(f)}
+                      for role, b, a in zip(roles, before, after, strict=True)}  # fmt: skip
+            break
+    print(f"\n[sglang] one pair canary ({res.detail}) moved: {deltas}", flush=True)
+    assert deltas, "every try had an operator canary in between"
+    for role in roles:
+        assert deltas[role] == PAIR_CANARY.effects.get(role, {}), role
 
 
 def _families(text: str) -> dict[str, tuple[str, str, frozenset[frozenset[str]]]]:

@@ -30,6 +30,9 @@ class Target:
     engine: str | None = None  # picks the metrics adapter; None reads either engine's names
     metrics_path: str = METRICS_PATH  # a PDRemediationPolicy names its own (spec.metrics)
     scheme: str = "http"
+    # An SGLang prefill's bootstrap server (read from its command line): where the decode leg of
+    # the pair canary's KV request asks for the room; 0 = none known (no KV request is sent).
+    bootstrap_port: int = 0
 
     @property
     def base(self) -> str:
@@ -165,15 +168,18 @@ class CanaryResult:
 PairOutcome = Literal["decoded", "alive", "prefill_dead", "decode_dead", "suspect", "unknown"]
 # How a pair canary asks (`PairCanary.protocol`): "pd" sends one request through the prefill and
 # then the decode (the KV moves); "health" asks both sides' own health checks at once, for an
-# engine whose two PD legs wait on each other, so that a leg without an answer names no side.
+# engine whose two PD legs wait on each other, so that a leg without an answer names no side (and,
+# with `PairCanary.kv_path`, one PD request to both sides beside them: the KV moves too).
 PairProtocol = Literal["pd", "health"]
 
 
 @dataclass(frozen=True)
 class PairResult:
     """What one pair canary found (`remediation.confirm.pair_canary`): decoded (the prefill
-    answered, the decode pulled the KV and answered, in `seconds`); alive (the "health"
-    protocol: both sides' own health checks answered, in `seconds`); prefill_dead or decode_dead
+    answered, the decode pulled the KV and answered, in `seconds`; with the "health" protocol,
+    both sides' health checks answered too); alive (the "health" protocol: both sides' own
+    health checks answered, in `seconds`, and no KV request completed: `detail` says why);
+    prefill_dead or decode_dead
     (that leg got no answer within the deadline while the pod's own counters stood still);
     suspect (such a dead leg, but fewer times in a row than canary.failureThreshold: judged by
     `decide.pairs.judged`, never by the sender); or unknown (anything else: it proves nothing).
@@ -191,6 +197,7 @@ class PairResult:
     decode_answered: bool = False
     prefill_sent: bool = False
     decode_sent: bool = False
+    kv_sent: bool = False  # the "health" protocol's KV request went out (it owes `effects`)
 
 
 @dataclass(frozen=True)
@@ -208,6 +215,17 @@ class PairCanary:
     models_path: str = "/v1/models"
     path: str = "/v1/completions"  # "pd": the legs' path; "health": the health check's (GET)
     protocol: PairProtocol = "pd"
+    # "health" only: where one PD request goes to both sides at once beside the health checks
+    # ("" = none), its body `kv_fields` plus the prompt and the prefill's bootstrap address
+    # (`kv_body`); `effects` is what that request adds (health checks add nothing read).
+    kv_path: str = ""
+    kv_fields: Mapping[str, Any] = field(default_factory=dict)
+
+    def kv_body(self, host: str, port: int, room: int) -> dict[str, Any]:
+        """The KV request both sides get: SGLang's PD protocol (the router's: the same body to
+        prefill and decode, the prefill's bootstrap host, port and a room number)."""
+        return {**self.kv_fields, "input_ids": list(self.prompt), "bootstrap_host": host,
+                "bootstrap_port": port, "bootstrap_room": room}  # fmt: skip
 
     def prefill_body(self, model: str) -> dict[str, Any]:
         return {"model": model, "prompt": list(self.prompt), "max_tokens": 1, "stream": False,

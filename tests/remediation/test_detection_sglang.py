@@ -15,8 +15,10 @@ from dataclasses import replace
 
 from sglang_bodies import body, series
 
+from pdwarden.engines.sglang import PAIR_CANARY
 from pdwarden.remediation.detect.evidence import PodView
 from pdwarden.remediation.detect.rules import detect
+from pdwarden.remediation.memory import organic
 from pdwarden.remediation.scrape.samples import parse_metrics
 
 WEDGE_AFTER = 60.0
@@ -125,6 +127,25 @@ def test_prefill_whose_inflight_rooms_stop_draining_while_decode_is_idle() -> No
         "(no KV transfer finished or failed); no decode pod is busy with a backlog"
     )
     assert detect([prefill, decode], WEDGE_AFTER).wedged_rooms == 3
+
+
+def test_a_wedged_prefill_plus_kv_canaries_is_still_a_wedged_prefill() -> None:
+    """The pair canary's KV request through a wedged prefill (to another decode, say) is one real
+    transfer the prefill observes: raw, it drains the queue; less what the canaries sent
+    (`memory.organic`, `PAIR_CANARY.effects`), the queue still never drains."""
+    n = 40
+    sent = [100 + 10 * i for i in range(12)] + [210] * (n - 12)
+    canaries = (20, 30)  # two KV canaries, each seen by the scrapes after it
+    raw_sent = [x + sum(i >= c for c in canaries) for i, x in enumerate(sent)]
+    history = series("prefill", n, inflight=[2] * 12 + [3] * (n - 12), sent=raw_sent,
+                     finished=sent)  # fmt: skip
+    decode = pod("d-0", "decode", series("decode", n, throughput=0.0, decode_tokens=77_000))
+    raw = pod("p-0", "prefill", history)
+    assert detect([raw, decode], WEDGE_AFTER).findings == ()  # the canaries read as a drain
+    effects = [(history[c].at - 1.0, PAIR_CANARY.effects["prefill"]) for c in canaries]
+    fixed = pod("p-0", "prefill", organic(history, effects))
+    (f,) = detect([fixed, decode], WEDGE_AFTER).findings
+    assert (f.pod, f.reason) == ("p-0", "InflightGaugeStuck")
 
 
 def never_failed(role: str, rows: list[dict[str, float]]) -> tuple:  # type: ignore[type-arg]

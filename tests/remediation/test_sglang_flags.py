@@ -100,6 +100,46 @@ def test_the_setting_reaches_detection_through_the_scrape_targets() -> None:
     assert WorkerPod("d", "u", "decode", "ip", False).rooms_wait_for_decode_kv
 
 
+@pytest.mark.parametrize(
+    ("args", "port"),
+    [
+        ((), 8998),  # SGLang's default
+        (("--disaggregation-bootstrap-port", "9100"), 9100),
+        (("--disaggregation-bootstrap-port=9101",), 9101),
+        (("--disaggregation-b", "9102"), 9102),  # a prefix argparse accepts
+        (("--disaggregation-bootstrap-port", "9100", "--disaggregation-bootstrap-port", "9"), 9),
+        (("--disaggregation-bootstrap-port", "http"), 0),  # not a port: unknown
+        (("--disaggregation-bootstrap-port", "70000"), 0),
+        (("--config", "/etc/sglang.yaml"), 0),  # the file may set it
+    ],
+)
+def test_the_bootstrap_port_is_read_from_the_command_line(args: tuple[str, ...], port: int) -> None:
+    """Where the pair canary's KV request sends the decode to find the room (0: unknown, and
+    no KV request is sent)."""
+    assert sglang_args.bootstrap_port(sglang_pod(*args)) == port
+    assert sglang_args.bootstrap_port(sglang_pod(command=["/entrypoint.sh"])) == 0
+    [target] = scrape_targets([sglang_pod(*args)], "sglang")
+    assert target.bootstrap_port == port
+    # Only a prefill serves rooms; other engines' canaries carry the prefill's address.
+    assert scrape_targets([sglang_pod(*args, role="decode")], "sglang")[0].bootstrap_port == 0
+    assert scrape_targets([sglang_pod(*args)], "vllm")[0].bootstrap_port == 0
+
+
+def test_the_default_bootstrap_port_is_the_real_servers() -> None:
+    try:
+        root = sglang_source.source_dir()
+    except sglang_source.SourceUnavailable as e:
+        pytest.skip(f"sglang {sglang_source.VERSION} wheel not reachable: {e}")
+    tree = ast.parse((root / "sglang/srt/arg_groups/fields/disagg.py").read_text())
+    [default] = [
+        node.value for node in ast.walk(tree)
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+        and node.target.id == "disaggregation_bootstrap_port"
+    ]  # fmt: skip
+    assert isinstance(default, ast.Constant)
+    assert default.value == sglang_args.DEFAULT_BOOTSTRAP_PORT
+
+
 def _flags_of_the_real_server() -> set[str]:
     try:
         root = sglang_source.source_dir()
@@ -120,7 +160,8 @@ def test_the_shortest_prefixes_are_those_argparse_accepts_in_0_5_23() -> None:
     """Each table entry names exactly one flag of the real server, and one character less names
     more than one (argparse refuses an ambiguous prefix, so that is where it stops)."""
     flags = _flags_of_the_real_server()
-    for flag, shortest in (*sglang_args.OPTIMISTIC, *sglang_args.ALLOCATION, *sglang_args.PP_SIZE):
+    for flag, shortest in (*sglang_args.OPTIMISTIC, *sglang_args.ALLOCATION, *sglang_args.PP_SIZE,
+                           *sglang_args.BOOTSTRAP_PORT):  # fmt: skip
         assert flag in flags
         assert [f for f in flags if f.startswith(shortest)] == [flag], shortest
         assert len([f for f in flags if f.startswith(shortest[:-1])]) > 1, shortest

@@ -108,6 +108,9 @@ class PDWorker:
     def rooms_wait_for_decode_kv(self, pod: Obj, role: str) -> bool:
         return True  # judged by its rooms API, not by this excuse
 
+    def bootstrap_port(self, pod: Obj, role: str) -> int:
+        return 0  # no pair canary
+
     def advisories(self, pod: Obj) -> tuple[Advice, ...]:
         return ()
 

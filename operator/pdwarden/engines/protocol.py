@@ -166,6 +166,11 @@ class Engine(Protocol):
         allocate KV, read from the pod's own launch flags (True: the excuse stays)."""
         ...
 
+    def bootstrap_port(self, pod: Obj, role: str) -> int:
+        """The port a decode asks this prefill's KV bootstrap server on, read from the pod's own
+        launch flags, where the pair canary's KV request must name it (SGLang); 0: none."""
+        ...
+
     # -- decide and confirm: its repair ladder --------------------------------------------
     @property
     def prefill_rungs(self) -> Mapping[str, PrefillRung]:

@@ -171,9 +171,22 @@ _PREFILL_WEDGES: Final = ("InflightStuck", "PeerIncarnationGone", "InflightGauge
 # turns 503 when no answer came within SGLANG_HEALTH_CHECK_TIMEOUT (20 s). Observed on the real
 # pair (e2e/tests/test_sglang_real.py): a frozen prefill scheduler leaves every scheduler gauge
 # of both pods at its last snapshot (the decode's showing requests running), so only asking
-# tells which side stopped. It moves only PROBE_MOVED series: nothing read as progress.
+# tells which side stopped. The health checks move only PROBE_MOVED series. Beside them goes one
+# PD request of one token (`kv_path`, as sgl-router sends it: the same body to both sides, the
+# prefill's bootstrap address, a room): when it completes, the KV really moved. Sent with
+# `log_metrics: false` (io_struct.py GenerateReqInput, as /health sends its own), the tokenizers
+# count no finished request; the prefill observes its transfer all the same
+# (disaggregation/prefill.py:1250-1255: only a fake bootstrap host is skipped), and the decode
+# finishes it in the prebuilt batch without a decode step, like /health's. Measured on the real
+# pair (e2e/tests/test_sglang_real.py), counter by counter: `effects`.
 PAIR_CANARY: Final = PairCanary(
-    prefill_fields={}, carried="", effects={}, path=SGLANG_HEALTH_PATH, protocol="health"
+    prefill_fields={},
+    carried="",
+    effects={"prefill": {"kv_transfers": 1}},
+    path=SGLANG_HEALTH_PATH,
+    protocol="health",
+    kv_path="/generate",
+    kv_fields={"sampling_params": {"max_new_tokens": 1, "temperature": 0}, "log_metrics": False},
 )
 
 
@@ -265,6 +278,9 @@ class SGLang:
         if role != ROLE_PREFILL:
             return True
         return sglang_flags.rooms_wait_for_decode_kv(pod)
+
+    def bootstrap_port(self, pod: Obj, role: str) -> int:
+        return sglang_flags.bootstrap_port(pod) if role == ROLE_PREFILL else 0
 
     def advisories(self, pod: Obj) -> tuple[Advice, ...]:
         return sglang_advice.advisories(pod)

@@ -45,6 +45,9 @@ PP_SIZE: Final[Flag] = (("--pp-size", "--pp-s"), ("--pipeline-parallel-size", "-
 MODE: Final[Flag] = (("--disaggregation-mode", "--disaggregation-m"),)
 WATCHDOG: Final[Flag] = (("--watchdog-timeout", "--watc"),)
 CONFIG: Final = "--config"  # server_args.py:683-689: merges a YAML file of flags
+# Where a prefill's bootstrap server listens (the pair canary's KV request names it).
+BOOTSTRAP_PORT: Final[Flag] = (("--disaggregation-bootstrap-port", "--disaggregation-b"),)
+DEFAULT_BOOTSTRAP_PORT: Final = 8998  # srt/arg_groups/fields/disagg.py
 
 
 def launch_tokens(pod: Mapping[str, Any]) -> list[str] | None:
@@ -96,3 +99,17 @@ def rooms_wait_for_decode_kv(pod: Mapping[str, Any]) -> bool:
     if policy != "early":
         return True  # prefill_complete (or a value this table does not know)
     return attempts > 0 and pp <= 1
+
+
+def bootstrap_port(pod: Mapping[str, Any]) -> int:
+    """The port of this SGLang prefill's bootstrap server, from its command line (SGLang's
+    default when the flag is absent); 0 when it cannot be known (no SGLang command line, a
+    `--config` file, a value that is no port)."""
+    tokens = launch_tokens(pod)
+    if tokens is None or any(t.partition("=")[0] == CONFIG for t in tokens):
+        return 0
+    value = last_value(tokens, BOOTSTRAP_PORT)
+    if value is None:
+        return DEFAULT_BOOTSTRAP_PORT
+    port = int(value) if value.isdigit() else 0
+    return port if 0 < port < 65536 else 0

@@ -231,6 +231,9 @@ class VLLM:
     def rooms_wait_for_decode_kv(self, pod: Obj, role: str) -> bool:
         return True  # no inflight-queue excuse to judge: detection reads its reads (pull.py)
 
+    def bootstrap_port(self, pod: Obj, role: str) -> int:
+        return 0  # its decode leg carries the prefill's address (kv_transfer_params)
+
     def advisories(self, pod: Obj) -> tuple[Advice, ...]:
         return vllm_advice.advisories(pod)
 

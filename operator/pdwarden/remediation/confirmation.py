@@ -144,7 +144,7 @@ async def confirm_pairs(
     ended = time.monotonic()
     through = [(pt, dt) for (_, _, pt, dt), rs in zip(pairs, sent, strict=True) for _ in rs]
     results, counts = judged([res for rs in sent for res in rs], misses, knobs.failure_threshold)
-    legs = sum(int(res.prefill_sent) + int(res.decode_sent) for res in results)
+    legs = sum(int(res.prefill_sent) + int(res.decode_sent) + 2 * res.kv_sent for res in results)
     cost = CanaryCost(len(results), legs, ended - started)
     _count("pair", cost)
     detection = replace(detection, canary_cost=detection.canary_cost + cost)
@@ -158,7 +158,10 @@ async def confirm_pairs(
             r.mem.warm_pairs.add((_incarnation(r.seen, pt), _incarnation(r.seen, dt)))
         for name, role, sent_leg in ((res.prefill, "prefill", res.prefill_sent),
                                      (res.decode, "decode", res.decode_sent)):  # fmt: skip
-            if sent_leg and name in uids:
+            # Health checks add nothing read as progress; what a "health" canary owes is its
+            # KV request's, which went to both sides.
+            owes = sent_leg if shape.protocol == "pd" else res.kv_sent
+            if owes and name in uids:
                 pm = r.mem.pods.setdefault(uids[name], PodMemory())
                 pm.canary_effects.append((ended, shape.effects.get(role, {})))
         if res.outcome not in ("decoded", "alive"):

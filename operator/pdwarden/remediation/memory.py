@@ -47,6 +47,7 @@ class WorkerPod:
     engine: str | None = None  # picks the metrics adapter, so only that engine's series are kept
     # Read from the pod's own command line (`rooms_wait_for_decode_kv`); see `PodView`.
     rooms_wait_for_decode_kv: bool = True
+    bootstrap_port: int = 0  # an SGLang prefill's, from its command line (`Target`)
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ def worker_pod(pod: Obj, engine: str, name: str, uid: str, role: str, *, ip: str
     return WorkerPod(
         name=name, uid=uid, role=role, ip=ip, rooms=e.rooms_api and role == ROLE_PREFILL,
         engine=engine, rooms_wait_for_decode_kv=e.rooms_wait_for_decode_kv(pod, role),
+        bootstrap_port=e.bootstrap_port(pod, role),
     )  # fmt: skip
 
 

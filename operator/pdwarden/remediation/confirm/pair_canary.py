@@ -10,7 +10,10 @@ with the prefill's answer, which makes the decode pull the KV over NIXL. SGLang'
 out at once and wait on each other (a frozen prefill leaves both unanswered), so for it the
 canary is the "health" protocol: both sides' own health checks at once (SGLang's /health, which
 its scheduler answers however busy, and which answers 503 when the scheduler did not answer within
-SGLANG_HEALTH_CHECK_TIMEOUT); no KV moves, and the counters read as progress are untouched.
+SGLANG_HEALTH_CHECK_TIMEOUT), which name the side that stopped, and beside them one PD request of
+one token to both sides (the prefill's bootstrap address and a room, as SGLang's router sends it):
+when it completes the KV really moved (outcome decoded, with the time); when it does not while
+both health checks answered, the pair is alive and the detail says how the KV request ended.
 
 Outcomes, per leg in order: no answer within the deadline on an open connection while the
 pod's own progress counters (scraped before and after, through the same client) did not move
@@ -28,6 +31,7 @@ answers are read to MAX_ANSWER_BYTES and decoded as JSON only.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -49,6 +53,7 @@ from pdwarden.remediation.confirm.canary import (
 from pdwarden.values import PairCanary, PairOutcome, PairResult, Sample, Target
 
 PROGRESS: Final = ("prefill_tokens", "generated_tokens", "kv_transfers", "completed", "failed")
+KV_SLOT_SECONDS: Final = 0.5  # the "health" protocol's KV request waits this long for slots
 
 
 class _Dead(Exception):
@@ -71,6 +76,20 @@ class _Ended:
 
     outcome: PairOutcome
     why: str
+
+
+def _room() -> int:
+    """A bootstrap room number as SGLang's router draws them (any 63-bit integer)."""
+    return random.randrange(2**63)
+
+
+def _generated(answer: Any) -> bool:
+    """An SGLang /generate answer: its text and the request's meta_info."""
+    return (
+        isinstance(answer, dict)
+        and isinstance(answer.get("text"), str)
+        and isinstance(answer.get("meta_info"), dict)
+    )
 
 
 def progressed(before: Sample | None, after: Sample | None) -> bool | None:
@@ -102,7 +121,8 @@ class PairCanarySender:
         except Exception as e:  # anything unforeseen proves nothing either
             why = f"pair canary failed: {type(e).__name__}"
             res = PairResult(prefill.pod, decode.pod, "unknown", why)
-        return replace(res, prefill_sent="prefill" in call.sent, decode_sent="decode" in call.sent)
+        return replace(res, prefill_sent="prefill" in call.sent, decode_sent="decode" in call.sent,
+                       kv_sent="kv" in call.sent)  # fmt: skip
 
     async def _sample(self, target: Target, tenant: str) -> Sample | None:
         (res,) = await self.workers.scrape([target], None, tenant)
@@ -139,20 +159,72 @@ class PairCanarySender:
         """Both sides' own health checks at once; a side that fails its own (no answer in time,
         or the engine's own verdict that its scheduler did not answer) while its counters stand
         still is dead, the prefill named first."""
-        p, d = await asyncio.gather(
+        p, d, kv = await asyncio.gather(
             self._check(call, "prefill", prefill, before[0]),
             self._check(call, "decode", decode, before[1]),
+            self._kv(call, prefill, decode),
         )
         answered = {"prefill_answered": p is None, "decode_answered": d is None}
         ended = [e for e in (p, d) if e is not None]
         for e in sorted(ended, key=lambda e: not e.outcome.endswith("_dead")):
             return PairResult(prefill.pod, decode.pod, e.outcome, e.why, **answered)
         took = time.monotonic() - started
+        both = f"{prefill.pod} and {decode.pod}: both answered their own health checks"
+        if isinstance(kv, float):
+            return PairResult(
+                prefill.pod, decode.pod, "decoded",
+                f"{prefill.pod} -> {decode.pod}: KV moved and a token decoded in {kv:.1f}s; "
+                f"{both}", seconds=kv, prefill_answered=True, decode_answered=True,
+            )  # fmt: skip
         return PairResult(
-            prefill.pod, decode.pod, "alive",
-            f"{prefill.pod} and {decode.pod}: both answered their own health checks in "
-            f"{took:.1f}s", seconds=took, prefill_answered=True, decode_answered=True,
+            prefill.pod, decode.pod, "alive", f"{both} in {took:.1f}s{kv}", seconds=took,
+            prefill_answered=True, decode_answered=True,
         )  # fmt: skip
+
+    async def _kv(self, call: _Call, prefill: Target, decode: Target) -> float | str:
+        """The "health" protocol's KV request, where the engine has one and the prefill's
+        bootstrap port is known: the same body to both sides at once (SGLang's PD protocol);
+        the seconds until both answered and the decode's answer is a generation, else why not
+        (in words to append to the detail; "" when none was sent). It names no side: the two
+        legs wait on each other, so a frozen side leaves both unanswered (the health checks
+        beside it name that side); it proves the KV path when it completes."""
+        canary = call.canary
+        if not canary.kv_path or prefill.bootstrap_port <= 0:
+            return ""
+        # Both legs or neither (a lone prefill leg would wait for its decode in SGLang's
+        # bootstrap queue), and never at the health checks' expense: slots free now, or none.
+        slots, held = self.shares.share(call.tenant).slots, 0
+        try:
+            try:
+                for _ in range(2):
+                    async with asyncio.timeout(KV_SLOT_SECONDS):
+                        await slots.acquire()
+                    held += 1
+            except TimeoutError:
+                return "; no KV request: no connection slots free for it"
+            body = canary.kv_body(prefill.ip, prefill.bootstrap_port, _room())
+            call.sent.add("kv")
+            started = time.monotonic()
+            legs = await asyncio.gather(
+                self._send(call, prefill, canary.kv_path, body,
+                           f"KV request's prefill leg on {prefill.pod}"),
+                self._send(call, decode, canary.kv_path, body,
+                           f"KV request's decode leg on {decode.pod}"),
+                return_exceptions=True,
+            )  # fmt: skip
+        finally:
+            for _ in range(held):
+                slots.release()
+        for leg, pod in zip(legs, (prefill.pod, decode.pod), strict=True):
+            if isinstance(leg, _Dead):
+                return f"; its KV request got no answer from {pod} within {call.deadline:g}s"
+            if isinstance(leg, Unknown):
+                return f"; its KV request: {leg}"
+            if isinstance(leg, BaseException):
+                raise leg
+        if not _generated(legs[1]):
+            return f"; its KV request: the answer of {decode.pod} is not a generation"
+        return time.monotonic() - started
 
     async def _check(
         self, call: _Call, role: str, target: Target, before: Sample | None
@@ -230,20 +302,28 @@ class PairCanarySender:
         return answer
 
     async def _post(self, call: _Call, target: Target, body: dict[str, Any], what: str) -> Any:
-        deadline = call.deadline
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(CONNECT_SECONDS, deadline / 2))
         slots = self.shares.share(call.tenant).slots
         try:  # as short as the model list: a leg starts promptly or proves nothing
             async with asyncio.timeout(MODELS_SECONDS):
                 await slots.acquire()
         except TimeoutError:
             raise Unknown(f"{what}: no connection slot free within {MODELS_SECONDS:g}s") from None
+        try:
+            return await self._send(call, target, call.canary.path, body, what)
+        finally:
+            slots.release()
+
+    async def _send(
+        self, call: _Call, target: Target, path: str, body: dict[str, Any], what: str
+    ) -> Any:
+        """One POST within the deadline, on a connection slot the caller holds."""
+        deadline = call.deadline
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(CONNECT_SECONDS, deadline / 2))
         answering = False
         try:
             async with asyncio.timeout(deadline):
                 session = self.shares.session()
-                url = target.base + call.canary.path
-                async with session.post(url, json=body, timeout=timeout) as resp:
+                async with session.post(target.base + path, json=body, timeout=timeout) as resp:
                     answering = True
                     return await read_json(resp, what)
         except aiohttp.ClientError as e:
@@ -254,5 +334,3 @@ class PairCanarySender:
             raise _Dead from None
         except OSError as e:
             raise Unknown(f"{what}: {type(e).__name__}") from None
-        finally:
-            slots.release()

@@ -121,7 +121,7 @@ class DeploymentKind:
         )
         targets = {
             w.uid: Target(pod=w.name, uid=w.uid, role=w.role, ip=w.ip, port=WORKER_PORT,
-                          rooms=w.rooms, engine=w.engine)
+                          rooms=w.rooms, engine=w.engine, bootstrap_port=w.bootstrap_port)
             for w in workers
         }  # fmt: skip
         scraped = {w.name for w in workers}

@@ -176,7 +176,8 @@ class PolicyKind:
         m = spec.metrics
         targets = {
             w.uid: Target(pod=w.name, uid=w.uid, role=w.role, ip=w.ip, port=m.port,
-                          rooms=w.rooms, engine=w.engine, metrics_path=m.path, scheme=m.scheme)
+                          rooms=w.rooms, engine=w.engine, metrics_path=m.path, scheme=m.scheme,
+                          bootstrap_port=w.bootstrap_port)
             for w in workers
         }  # fmt: skip
         token, fallback = (
