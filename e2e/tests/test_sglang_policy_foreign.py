@@ -7,10 +7,11 @@ pods by label at pdwarden's defaults and, in Enforce:
 
 1. every selected pod is eligible and a few PD requests draw no finding and no action over a
    whole wedge window;
-2. the idle prefill's scheduler frozen (SIGSTOP of `sglang::scheduler`, nothing in flight): the
-   idle pair's next pair canaries (both sides' own /health) get no answer from the prefill
-   while the decode answers, the policy's RestartPrefill deletes it, its StatefulSet brings a
-   new one, and the pair serves again.
+2. the idle pair's pair canaries move KV (their PD request finds the prefill's bootstrap port
+   on its command line); then the idle prefill's scheduler frozen (SIGSTOP of
+   `sglang::scheduler`, nothing in flight): the next pair canaries (both sides' own /health)
+   get no answer from the prefill while the decode answers, the policy's RestartPrefill deletes
+   it, its StatefulSet brings a new one, and the pair serves again.
 
 Its own module, before test_sglang_real.py's: its pair is gone before that one starts.
 """
@@ -73,10 +74,11 @@ def test_an_idle_frozen_foreign_prefill_is_found_by_its_health_and_restarted(
 ) -> None:
     prefill, decode_ip = foreign.pod("prefill"), foreign.ip("decode")
     uid = prefill["metadata"]["uid"]
-    # An idle pool pdwarden watches: its pair has been asked (both answered).
+    # An idle pool pdwarden watches: its pair has been asked, and the canary's KV request
+    # moved KV (the bootstrap port read from the foreign prefill's own command line).
     foreign.cluster.wait_until(
-        "a pair canary through the idle foreign pair",
-        lambda: foreign.operator.metric("pdwarden_pair_canaries_total", outcome="alive") > 0,
+        "a pair canary through the idle foreign pair that moved KV",
+        lambda: foreign.operator.metric("pdwarden_pair_canaries_total", outcome="decoded") > 0,
         timeout=WEDGE_AFTER * 4,
     )
     frozen = freeze_scheduler(uid)

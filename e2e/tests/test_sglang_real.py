@@ -30,7 +30,6 @@ Faults come from outside (e2e/sglang/faults.py): signals to the pod's processes.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -45,6 +44,7 @@ from typing import Any
 
 import pytest
 from bench.harness import free_port, wait_for
+from e2e import canary_effects
 from e2e.enginepair import EnginePair
 from e2e.httpjson import http
 from e2e.pdtools import scrape, status, wait_ready
@@ -55,11 +55,8 @@ from e2e.sglang.pods import BOOTSTRAP_PORT, HTTP_PORT, STARTUP_SECONDS
 from e2e.vllm.faults import thaw
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdwarden.engines import COUNTER_FIELDS
 from pdwarden.engines.sglang import METRICS, PAIR_CANARY
-from pdwarden.remediation.confirm.pair_canary import PairCanarySender
-from pdwarden.remediation.scrape.worker_client import WorkerClient
-from pdwarden.values import PairResult, Target
+from pdwarden.values import Target
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.sglang]
 XFERS = "sglang:kv_transfer_latency_ms_count"
@@ -140,51 +137,25 @@ def test_a_pair_canary_moves_the_pairs_counters_by_exactly_what_pdwarden_subtrac
     health checks move only series never read). Held here to the real pair: one canary sent with
     pdwarden's own sender, which must find the KV moved ("decoded"), every counter of both pods
     read before and after, in a quiet moment (retried when the operator's canary came between)."""
-    roles = ("prefill", "decode")
     targets = [
         Target(sglang_pd.pod(role)["metadata"]["name"], "uid", role, sglang_pd.ip(role),
                HTTP_PORT, engine="sglang",
                bootstrap_port=BOOTSTRAP_PORT if role == "prefill" else 0)
-        for role in roles
+        for role in ("prefill", "decode")
     ]  # fmt: skip
 
-    async def counters(client: WorkerClient) -> list[dict[str, float]]:
-        out = []
-        for res in await client.scrape(targets, None):
-            assert res.sample is not None, res.error
-            out.append({f: float(v) for f in COUNTER_FIELDS
-                        if (v := getattr(res.sample, f)) is not None})  # fmt: skip
-        return out
+    def landed(before: list[dict[str, float]], after: list[dict[str, float]]) -> bool:
+        # The prefill's scheduler observes the transfer a moment after the decode answered.
+        return after[0].get("kv_transfers") != before[0].get("kv_transfers")
 
-    async def one() -> tuple[list[dict[str, float]], PairResult, list[dict[str, float]]]:
-        client = WorkerClient()
-        try:
-            before = await counters(client)
-            res = await PairCanarySender(client, client).pair(*targets, PAIR_CANARY, deadline=30)
-            # The tokenizers count before they answer; the prefill's scheduler may observe the
-            # transfer a moment after the decode answered: until it shows (10 s at most).
-            after = await counters(client)
-            for _ in range(20):
-                if after[0].get("kv_transfers") != before[0].get("kv_transfers"):
-                    break
-                await asyncio.sleep(0.5)
-                after = await counters(client)
-            return before, res, after
-        finally:
-            await client.close()
-
-    deltas: dict[str, dict[str, float]] = {}
-    for _ in range(6):
-        theirs = sglang_pd.operator.metric("pdwarden_pair_canaries_total")
-        before, res, after = asyncio.run(one())
-        assert res.outcome == "decoded", res
-        if sglang_pd.operator.metric("pdwarden_pair_canaries_total") == theirs:
-            deltas = {role: {f: v - b.get(f, 0.0) for f, v in a.items() if v != b.get(f)}
-                      for role, b, a in zip(roles, before, after, strict=True)}  # fmt: skip
-            break
+    res, deltas = canary_effects.measured(
+        targets, PAIR_CANARY, 30,
+        lambda: sglang_pd.operator.metric("pdwarden_pair_canaries_total"), landed,
+    )  # fmt: skip
+    assert res.outcome == "decoded", res
     print(f"\n[sglang] one pair canary ({res.detail}) moved: {deltas}", flush=True)
     assert deltas, "every try had an operator canary in between"
-    for role in roles:
+    for role in ("prefill", "decode"):
         assert deltas[role] == PAIR_CANARY.effects.get(role, {}), role
 
 

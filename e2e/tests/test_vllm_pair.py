@@ -36,7 +36,6 @@ because vLLM's setproctitle hides the kubelet's env marker of its engine process
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import random
@@ -47,6 +46,7 @@ from http.client import HTTPConnection
 from typing import Any
 
 import pytest
+from e2e import canary_effects
 from e2e.httpjson import http
 from e2e.pdtools import status, wait_ready
 from e2e.repair_times import record
@@ -61,11 +61,8 @@ from e2e.vllm.pods import (
     STARTUP_SECONDS,
 )
 
-from pdwarden.engines import COUNTER_FIELDS
 from pdwarden.engines.vllm import PAIR_CANARY
 from pdwarden.remediation.confirm.canary import CANARY_SECONDS
-from pdwarden.remediation.confirm.pair_canary import PairCanarySender
-from pdwarden.remediation.scrape.worker_client import WorkerClient
 from pdwarden.values import Target
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.vllm]
@@ -133,43 +130,15 @@ def test_a_pair_canary_moves_the_pairs_counters_by_exactly_what_pdwarden_subtrac
     decode that recomputes every prompt still shows it. Held here to the real pair: one canary
     sent with pdwarden's own sender, every counter of both pods read before and after, in a
     quiet moment (no client traffic; retried when the operator's own canary came between)."""
-    roles = ("prefill", "decode")
     targets = [Target(vllm_pd.pod(role)["metadata"]["name"], "uid", role, vllm_pd.ip(role),
-                      HTTP_PORT, engine="vllm") for role in roles]  # fmt: skip
-
-    async def counters(client: WorkerClient) -> list[dict[str, float]]:
-        """Both pods' counters, read as the operator reads them (engines.COUNTER_FIELDS)."""
-        out = []
-        for res in await client.scrape(targets, None):
-            assert res.sample is not None, res.error
-            out.append({f: float(v) for f in COUNTER_FIELDS
-                        if (v := getattr(res.sample, f)) is not None})  # fmt: skip
-        return out
-
-    async def one() -> tuple[list[dict[str, float]], str, list[dict[str, float]]]:
-        client = WorkerClient()
-        try:
-            before = await counters(client)
-            prefill, decode = targets
-            res = await PairCanarySender(client, client).pair(
-                prefill, decode, PAIR_CANARY, deadline=LEG
-            )
-            return before, res.outcome, await counters(client)
-        finally:
-            await client.close()
-
-    deltas: dict[str, dict[str, float]] = {}
-    for _ in range(6):
-        theirs = vllm_pd.operator.metric("pdwarden_pair_canaries_total")
-        before, outcome, after = asyncio.run(one())
-        assert outcome == "decoded"
-        if vllm_pd.operator.metric("pdwarden_pair_canaries_total") == theirs:
-            deltas = {role: {f: v - b.get(f, 0.0) for f, v in a.items() if v != b.get(f)}
-                      for role, b, a in zip(roles, before, after, strict=True)}  # fmt: skip
-            break
+                      HTTP_PORT, engine="vllm") for role in ("prefill", "decode")]  # fmt: skip
+    res, deltas = canary_effects.measured(
+        targets, PAIR_CANARY, LEG, lambda: vllm_pd.operator.metric("pdwarden_pair_canaries_total")
+    )
+    assert res.outcome == "decoded", res
     print(f"\n[vllm] one pair canary moved: {deltas}", flush=True)
     assert deltas, "every try had an operator canary in between"
-    for role in roles:
+    for role in ("prefill", "decode"):
         assert deltas[role] == PAIR_CANARY.effects[role], role
 
 
