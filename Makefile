@@ -83,7 +83,7 @@ bench-fleet: $(STAMP) cluster-bin lws-bin  ## the operator at fleet scale on kwo
 	$(BIN)/python -m bench.fleet $(if $(QUICK),--quick)
 
 # ~15 min: the real vLLM pair's fault scenarios at default settings, their figures as data.
-bench-repair: $(STAMP) cluster-bin vllm-venv  ## time to repair per scenario on the real vLLM pair, beside the engine alone; bench/results/repair.json
+bench-repair: $(STAMP) cluster-bin vllm-venv sglang-venv  ## time to repair per scenario on the real vLLM and SGLang pairs, beside the engine alone; bench/results/repair.json
 	$(BIN)/python -m bench.repair
 
 PYRUN ?= $(BIN)/python

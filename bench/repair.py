@@ -2,15 +2,17 @@
 does alone (issue 36).
 
 What runs: the real-engine tiers' fault scenarios (`e2e/tests/test_vllm_pair.py`,
-`e2e/tests/test_vllm_policy_foreign.py`: stock vLLM prefill/decode pods over NIXL on the local
-control plane, pdwarden at its default remediation settings), each recording its figures through
+`e2e/tests/test_vllm_policy_foreign.py`, `e2e/tests/test_sglang_policy_foreign.py`,
+`e2e/tests/test_sglang_real.py`: stock vLLM and SGLang prefill/decode pods over NIXL on the local
+control plane, one pair at a time, pdwarden at its default remediation settings), each recording
+its figures through
 `e2e.repair_times` (the seconds from the fault to pdwarden's first repairing action and to the
 pair serving again). Nothing is simulated and nothing is re-timed here: the figures are the
 ones the tiers assert on. Beside each: what the engine and the kubelet do without pdwarden,
 from the engine's source (`ENGINE_ALONE`), and the goal (a first repairing action within
 `GOAL_SECONDS` of the fault).
 
-`make bench-repair` (~15 min: the pair's start, four faults, the restarts). No quick mode: the
+`make bench-repair` (~35 min: each pair's start, eight faults, the restarts). No quick mode: the
 scenarios need the real engines; `tests/bench/test_repair_report.py` holds the report to its
 inputs, and `make test` runs the scenarios themselves.
 """
@@ -35,11 +37,24 @@ ROOT: Final = Path(__file__).resolve().parents[1]
 GOAL_SECONDS: Final = 20.0
 PAIR: Final = "e2e/tests/test_vllm_pair.py"
 FOREIGN: Final = "e2e/tests/test_vllm_policy_foreign.py"
+SG_PAIR: Final = "e2e/tests/test_sglang_real.py"
+SG_FOREIGN: Final = "e2e/tests/test_sglang_policy_foreign.py"
 TESTS: Final = (
     f"{PAIR}::test_a_read_stuck_on_a_frozen_prefill_restarts_the_prefill_and_the_request_is_answered",
     f"{PAIR}::test_a_decode_frozen_behind_its_api_server_is_confirmed_by_a_canary_and_restarted",
     f"{PAIR}::test_a_killed_engine_is_restarted_and_the_pair_serves_again",
     f"{FOREIGN}::test_an_idle_frozen_foreign_prefill_is_found_by_a_pair_canary_and_restarted",
+    f"{SG_FOREIGN}::test_an_idle_frozen_foreign_prefill_is_found_by_its_health_and_restarted",
+    f"{SG_PAIR}::test_a_frozen_prefill_scheduler_is_found_on_the_prefill_and_restarted",
+    f"{SG_PAIR}::test_a_frozen_decode_scheduler_is_cordoned_restarted_and_readmitted_by_the_router",
+    f"{SG_PAIR}::test_a_killed_decode_is_left_to_the_kubelet_and_nothing_harms_the_prefill",
+)
+# SGLang 0.5.23 alone: its scheduler's watchdog thread stops with the scheduler (a SIGSTOP or a
+# hang of the whole process), so only a liveness probe on its generating /health restarts it.
+_SG_PROBE: Final = (
+    "only a liveness probe on /health (SGLang answers 503 after 20 s without its scheduler): "
+    "as pdwarden renders it (3 x 30 s) the kubelet restarts the pod after ~1.5-2 min; without "
+    "one, never (the router only stops routing to it)"
 )
 # (engine, scenario) -> (whether the engine and the kubelet repair it without pdwarden, what
 # happens then): vLLM 0.32, its source and our measurements on the CPU pair (docs/engines.md).
@@ -62,6 +77,14 @@ ENGINE_ALONE: Final[Mapping[tuple[str, str], tuple[bool, str]]] = {
         True,
         "the kubelet restarts the container (/health 503 within ~1 s of the crash): nothing for "
         "pdwarden to do, and it does nothing",
+    ),
+    ("sglang", "frozen prefill scheduler, requests arriving"): (True, _SG_PROBE),
+    ("sglang", "frozen decode scheduler, requests arriving"): (True, _SG_PROBE),
+    ("sglang", "idle pool, frozen prefill scheduler"): (True, _SG_PROBE),
+    ("sglang", "decode killed (every process)"): (
+        True,
+        "the kubelet restarts the container; the stock router readmits it after its own health "
+        "checks: nothing for pdwarden to do, and it restarts nothing",
     ),
 }
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from e2e.fixtures import Cluster
 from e2e.foreign import POLICY_CYCLES, Foreign, deployed, policy
+from e2e.repair_times import record
 from e2e.sglang.client import pd_generate
 from e2e.sglang.faults import freeze_scheduler
 from e2e.sglang.fixtures import GONE_SECONDS, SCRAPE, WEDGE_AFTER, SGLangModel, preflight
@@ -104,6 +105,8 @@ def test_an_idle_frozen_foreign_prefill_is_found_by_its_health_and_restarted(
     )
     answer = pd_generate(foreign.ip("prefill"), decode_ip, "serving again", 4)
     assert answer["meta_info"]["completion_tokens"] == 4
+    record("sglang", "idle pool, frozen prefill scheduler", action="RestartPrefill",
+           action_seconds=took, serving_seconds=time.monotonic() - frozen_at)  # fmt: skip
     print(f"[sglang] foreign pair serving again {time.monotonic() - frozen_at:.0f}s after the "
           "freeze", flush=True)  # fmt: skip
     assert [e["action"] for e in foreign.ledger()] == ["RestartPrefill"]  # one repair only

@@ -48,6 +48,7 @@ from e2e import canary_effects
 from e2e.enginepair import EnginePair
 from e2e.httpjson import http
 from e2e.pdtools import scrape, status, wait_ready
+from e2e.repair_times import record
 from e2e.sglang.client import metric, pd_generate, url
 from e2e.sglang.faults import freeze_scheduler, kill_server
 from e2e.sglang.fixtures import RESTART_AFTER, WEDGE_AFTER
@@ -402,6 +403,8 @@ def test_a_frozen_prefill_scheduler_is_found_on_the_prefill_and_restarted(
     assert not _announced_on(sglang_pd, decode), _wedge_events(sglang_pd)
     ready, serving = _serving_again(sglang_pd, frozen_at)
     assert sglang_pd.pod("prefill")["metadata"]["uid"] != uid
+    record("sglang", "frozen prefill scheduler, requests arriving", action="RestartPrefill",
+           action_seconds=took, serving_seconds=serving)  # fmt: skip
     print(f"[sglang] frozen prefill -> RestartPrefill {took:.0f}s after the freeze; both pods "
           f"Ready {ready:.0f}s and serving through the router {serving:.0f}s after it (the "
           f"router's readmission: {serving - ready:.0f}s)")  # fmt: skip
@@ -443,6 +446,9 @@ def test_a_frozen_decode_scheduler_is_cordoned_restarted_and_readmitted_by_the_r
     assert (restart["action"], restart["pod"], restart["uid"]) == ("RestartDecode", name, uid)
     ready, serving = _serving_again(sglang_pd, frozen_at)
     assert sglang_pd.pod("decode")["metadata"]["uid"] != uid
+    record("sglang", "frozen decode scheduler, requests arriving", action="CordonDecode",
+           action_seconds=cordoned, restart_seconds=cordoned + restarted,
+           serving_seconds=serving)  # fmt: skip
     print(f"[sglang] frozen decode -> CordonDecode {cordoned:.0f}s, RestartDecode "
           f"{cordoned + restarted:.0f}s after the freeze; both pods Ready {ready:.0f}s and "
           f"serving through the router {serving:.0f}s after it (the router's readmission: "
@@ -487,5 +493,7 @@ def test_a_killed_decode_is_left_to_the_kubelet_and_nothing_harms_the_prefill(
     print(f"\n[sglang] killed decode: both pods Ready {ready:.0f}s and serving through the "
           f"router {serving:.0f}s after the kill; SGLang's prefill counted {failed}; pdwarden: "
           f"{[(e['action'], e['pod'], e['reason'][:100]) for e in after]}")  # fmt: skip
+    record("sglang", "decode killed (every process)", action=None, action_seconds=None,
+           serving_seconds=serving)  # fmt: skip
     assert sglang_pd.pod("prefill")["metadata"]["uid"] == prefill_uid  # never restarted
     assert all(e["action"] == "AbortRequests" and e["pod"] == prefill_name for e in after), after

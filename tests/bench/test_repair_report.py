@@ -16,6 +16,10 @@ PREFILL = "frozen prefill, a KV read in flight"
 DECODE = "frozen decode behind its live API server"
 KILLED = "decode engine killed"
 IDLE = "idle pool, frozen prefill (no read in flight)"
+SG_PREFILL = "frozen prefill scheduler, requests arriving"
+SG_DECODE = "frozen decode scheduler, requests arriving"
+SG_IDLE = "idle pool, frozen prefill scheduler"
+SG_KILLED = "decode killed (every process)"
 
 
 def recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
@@ -26,6 +30,12 @@ def recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, 
            serving_seconds=160.0)  # fmt: skip
     record("vllm", KILLED, action=None, action_seconds=None, serving_seconds=40.0)
     record("vllm", IDLE, action="RestartPrefill", action_seconds=16.0, serving_seconds=70.0)
+    record("sglang", SG_PREFILL, action="RestartPrefill", action_seconds=19.0,
+           serving_seconds=80.0)  # fmt: skip
+    record("sglang", SG_DECODE, action="CordonDecode", action_seconds=18.0,
+           restart_seconds=80.0, serving_seconds=190.0)  # fmt: skip
+    record("sglang", SG_IDLE, action="RestartPrefill", action_seconds=17.0, serving_seconds=75.0)
+    record("sglang", SG_KILLED, action=None, action_seconds=None, serving_seconds=65.0)
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
@@ -43,7 +53,10 @@ def test_every_scenario_sits_beside_what_the_engine_does_alone(
 ) -> None:
     data = repair.report(recorded(tmp_path, monkeypatch))
     rows = {r["scenario"]: r for r in data["scenarios"]}
-    assert set(rows) == {PREFILL, DECODE, KILLED, IDLE} and data["missing"] == []
+    assert set(rows) == {PREFILL, DECODE, KILLED, IDLE, SG_PREFILL, SG_DECODE, SG_IDLE, SG_KILLED}
+    assert data["missing"] == []
+    assert rows[SG_DECODE]["engine_alone_repairs"] and "liveness probe" in rows[SG_DECODE][
+        "engine_alone"]  # fmt: skip
     assert rows[PREFILL]["action_seconds"] == 18.0  # recorded to a tenth of a second
     assert not rows[DECODE]["engine_alone_repairs"] and "never" in rows[DECODE]["engine_alone"]
     assert rows[KILLED]["goal_met"] and rows[KILLED]["action"] is None  # nothing to repair
