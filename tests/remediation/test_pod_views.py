@@ -187,3 +187,33 @@ def test_working_rooms_of_earlier_scrapes_are_kept_for_the_window_and_named_by_a
     assert decode.recent_rooms == ()
     remember(mem, [observation("u-p0", Sample(at=12.0), [], None)], keep_seconds=10.0)
     assert [at for at, _ in mem.pods["u-p0"].rooms] == [6.0, 11.0, 12.0]
+
+
+def test_a_stuck_queue_is_timed_from_when_it_was_last_seen_empty_past_the_history_kept() -> None:
+    """Memory keeps 75 s of samples, yet remembers when a prefill's inflight queue was last seen
+    empty: a gauge-read wedge says how long the queue has held rooms (so the ladder can tell a
+    queue its abort never emptied from new rooms after one that did)."""
+    mem = DeploymentMemory()
+    target = WorkerPod("p-0", "uid-p-0", "prefill", "10.0.0.1", rooms=False, engine="sglang")
+    decode = WorkerPod("d-0", "uid-d-0", "decode", "10.0.0.2", rooms=False, engine="sglang")
+
+    def scrape(at: float, inflight: float) -> list[PodView]:
+        obs = [
+            observation("uid-p-0", Sample(at=at, inflight_queue=inflight, kv_transfers=5.0,
+                                          completed=5.0, failed=0.0), None, None),
+            observation("uid-d-0", Sample(at=at, generated_tokens=9.0), None, None),
+        ]  # fmt: skip
+        remember(mem, obs, keep_seconds=75.0)
+        return pod_views([target, decode], {o.uid: o for o in obs}, mem, at, 5.0)
+
+    scrape(1000.0, 0.0)
+    for at in range(1005, 1205, 5):  # rooms from 1005 s on, none leaving: 200 s
+        views = scrape(float(at), 2.0)
+    prefill = views[0]
+    assert prefill.inflight_empty_at == 1000.0 and prefill.history[0].at >= 1200.0 - 75
+    (f,) = [f for f in detect(views, 60.0).findings if f.reason == "InflightGaugeStuck"]
+    assert f.oldest_seconds == 200.0  # not the 75 s of history kept
+    # Seen empty again: the count starts over (the first one seen starts it too).
+    scrape(1205.0, 0.0)
+    views = scrape(1210.0, 1.0)
+    assert views[0].inflight_empty_at == 1205.0

@@ -107,10 +107,11 @@ def stuck(peer: str = "d-1", rooms: tuple[int, ...] = (11, 12)) -> Finding:
     )  # fmt: skip
 
 
-def gauge_stuck(p: str = "p-0") -> Finding:
-    """A wedged prefill of an engine without a rooms API: no room ids."""
+def gauge_stuck(p: str = "p-0", held: float = 200.0) -> Finding:
+    """A wedged prefill of an engine without a rooms API: no room ids; its queue has held rooms
+    for `held` seconds (since before any abort of these tests, unless said otherwise)."""
     return Finding(
-        pod=p, role="prefill", reason="InflightGaugeStuck", room_count=3, oldest_seconds=70.0,
+        pod=p, role="prefill", reason="InflightGaugeStuck", room_count=3, oldest_seconds=held,
         evidence="inflight queue >= 3 for 70s",
     )  # fmt: skip
 
@@ -208,6 +209,19 @@ def test_next_prefill_step_restarts_restart_after_seconds_after_the_abort() -> N
     assert next_prefill_step(d, gauge_stuck()) == (
         "RestartPrefill", "; still wedged 130s after aborting its requests",
     )  # fmt: skip
+
+
+def test_an_abort_that_emptied_the_queue_was_a_finished_repair() -> None:
+    """Rooms held for less time than the abort is old: the queue was seen empty after the abort,
+    so these rooms came since (on the real SGLang pair: a decode's second death stranding new
+    ones) and the ladder starts again with an abort, never a restart of a prefill it freed."""
+    d = deciding(history=[entry("AbortRequests", "p-0", 130)])
+    assert next_prefill_step(d, gauge_stuck(held=62)) == (
+        "AbortRequests",
+        "; its queue was empty after the last abort (130s ago), holding rooms again for 62s: a "
+        "new wedge",
+    )  # fmt: skip
+    assert next_prefill_step(d, gauge_stuck(held=160))[0] == "RestartPrefill"  # type: ignore[index]
 
 
 def test_next_prefill_step_holds_a_restart_while_another_prefill_is_not_ready() -> None:

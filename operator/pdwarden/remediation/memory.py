@@ -76,6 +76,9 @@ class PodMemory:
     )
     canary_at: float | None = None  # when the last pair canary through this pod began
     canary_misses: int = 0  # pair canaries in a row this pod gave no answer to (`decide.pairs`)
+    # The last sample that showed its inflight queue empty, or the first one seen: a queue that
+    # holds rooms now has held some ever since, however far back past `samples` that is.
+    inflight_empty_at: float | None = None
 
 
 @dataclass
@@ -170,6 +173,8 @@ def remember(
             continue
         pm.last_error = None
         pm.last_ok = o.sample.at
+        if pm.inflight_empty_at is None or o.sample.queue("inflight_queue") <= 0:
+            pm.inflight_empty_at = o.sample.at
         pm.samples.append(o.sample)
         while pm.samples and o.sample.at - pm.samples[0].at > keep_seconds:
             pm.samples.popleft()
@@ -299,6 +304,7 @@ def pod_views(
                 rooms=rooms, recent_rooms=recent,
                 stale=is_stale(pm, mono, interval) or o is None, error=pm.last_error,
                 rooms_wait_for_decode_kv=t.rooms_wait_for_decode_kv,
+                inflight_empty_at=pm.inflight_empty_at,
             )
         )  # fmt: skip
     return views

@@ -60,10 +60,11 @@ def fail_rooms(d: Deciding, f: Finding) -> None:
 
 def next_prefill_step(d: Deciding, f: Finding) -> tuple[ActionKind, str | None] | None:
     """1a/1b for a wedged prefill without a rooms API: AbortRequests, then (opt-in)
-    RestartPrefill if it is still, or again, wedged restartAfterSeconds after the abort; None
-    while the last one takes effect. The second element is extra reason text, or "held: why"
-    when the step may not run now. An abort older than restartAfterSeconds + wedgeAfterSeconds
-    is a finished repair: a wedge after that starts again at 1a."""
+    RestartPrefill if it is still wedged restartAfterSeconds after the abort, its queue never
+    seen empty since; None while the last one takes effect. The second element is extra reason
+    text, or "held: why" when the step may not run now. An abort older than restartAfterSeconds
+    + wedgeAfterSeconds, or one that emptied the queue (the finding's rooms held for less time
+    than the abort is old), is a finished repair: a wedge after that starts again at 1a."""
     last = last_action_on(d.history, f.pod, d.dry_run)
     age = (d.now - last.time).total_seconds() if last is not None else math.inf
     if age < d.spec.cooldown_seconds:
@@ -77,6 +78,14 @@ def next_prefill_step(d: Deciding, f: Finding) -> tuple[ActionKind, str | None] 
         return None
     if age > restart_after + d.spec.wedge_after_seconds:
         return "AbortRequests", "; the last abort was a finished repair, this is a new wedge"
+    if f.oldest_seconds is not None and f.oldest_seconds < age:
+        # Its queue was seen empty after the abort: the abort worked, these rooms came since
+        # (seen on the real SGLang pair: rooms a decode stranded on the prefill, aborted, then
+        # more stranded by that decode's next death; restarting the prefill helped nobody).
+        return "AbortRequests", (
+            f"; its queue was empty after the last abort ({age:.0f}s ago), holding rooms again "
+            f"for {f.oldest_seconds:.0f}s: a new wedge"
+        )
     if busy := d.prefills_busy(f.pod):
         return "RestartPrefill", f"held: prefill pod(s) {', '.join(busy)} not ready yet"
     return "RestartPrefill", f"; still wedged {age:.0f}s after aborting its requests"

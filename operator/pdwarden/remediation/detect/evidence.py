@@ -39,6 +39,9 @@ class PodView:
     # (`engines.sglang_flags`), so a decode short of KV slots excuses a queue that does not drain.
     # True when unknown: the excuse can only delay a finding, never make one.
     rooms_wait_for_decode_kv: bool = True
+    # When memory last saw its inflight queue empty, or first saw the pod (None: not known): a
+    # queue holding rooms now has held some since then, however far back past `history`.
+    inflight_empty_at: float | None = None
 
     @property
     def latest(self) -> Sample | None:

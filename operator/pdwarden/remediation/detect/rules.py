@@ -34,6 +34,7 @@ A pod whose metrics are stale or missing is *unknown*: never healthy, never wedg
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -202,11 +203,16 @@ def _prefill_findings(
         if evidence is None:
             return []
         window = _window(pod.history, wedge_after) or pod.history
+        # Rooms held since the queue was last seen empty (memory reaches back past the history),
+        # the window at least: the ladder tells a queue never emptied by its abort from a new
+        # wedge after an abort that emptied it (`decide.rungs.next_prefill_step`).
+        empty = pod.inflight_empty_at
+        since = min(window[0].at, empty if empty is not None else math.inf)
         return [
             Finding(
                 pod=pod.name, role=ROLE_PREFILL, reason="InflightGaugeStuck",
                 room_count=int(min(s.queue("inflight_queue") for s in window)),
-                oldest_seconds=window[-1].at - window[0].at, evidence=evidence,
+                oldest_seconds=window[-1].at - since, evidence=evidence,
             )
         ]  # fmt: skip
     gone: dict[str | None, list[RoomView]] = {}
