@@ -257,6 +257,8 @@ def test_sglang_router_uses_pd_mode_with_kubernetes_discovery() -> None:
     assert "--pd-disaggregation" in cmd
     assert "--service-discovery" in cmd
     assert "pdwarden.dev/role=prefill" in cmd[cmd.index("--prefill-selector") + 1]
+    # Its health checks every 10 s, not its 60 s default: a restarted pod is routed to sooner.
+    assert cmd[cmd.index("--health-check-interval-secs") + 1] == "10"
 
 
 def test_admin_secret_holds_the_token_base64_and_is_owned() -> None:

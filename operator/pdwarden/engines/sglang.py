@@ -100,6 +100,11 @@ SGLANG_BOOTSTRAP_ANNOTATION = "sglang.ai/bootstrap-port"
 # reads progress only from series a probe never moves (PROBE_MOVED below; tests/operator/
 # test_render.py holds the two together). Turning it off
 # (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false) would not be enough anyway: routers probe too.
+# sgl-router 0.3.2 checks each worker's /health every 60 s by default and admits a new one after
+# two good checks: a restarted decode waited minutes for its first request. Every 10 s is one
+# idle generation per worker and router replica (series pdwarden never reads as progress).
+# `router.args` come after, so a user's own --health-check-interval-secs wins.
+ROUTER_HEALTH_CHECK_SECONDS: Final = 10
 SGLANG_READY_PATH = "/ready"
 SGLANG_HEALTH_PATH = "/health"
 SGLANG_HEALTH_TIMEOUT_SECONDS = 25
@@ -269,6 +274,8 @@ class SGLang:
                 decode.replace(",", " "),
                 "--service-discovery-port",
                 str(WORKER_PORT),
+                "--health-check-interval-secs",
+                str(ROUTER_HEALTH_CHECK_SECONDS),
                 *spec.router.args,
             ],
             probes=Probes(health_path="/health", ready_path="/health"),
