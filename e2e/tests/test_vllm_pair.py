@@ -525,8 +525,9 @@ def test_a_decode_frozen_behind_its_api_server_is_confirmed_by_a_canary_and_rest
     record("vllm", "frozen decode behind its live API server", action="CordonDecode",
            action_seconds=cordoned, restart_seconds=restarted,
            serving_seconds=time.monotonic() - t0)  # fmt: skip
-    client.join(180)
-    print(f"[vllm] the request in flight on the frozen decode got {answer[:1]!r:.300}", flush=True)
+    client.join(30)  # what it got is told, not asserted: not worth minutes of every CI run
+    print(f"[vllm] the request in flight on the frozen decode got "
+          f"{answer[:1] or 'no answer yet'!r:.300}", flush=True)  # fmt: skip
     actions = [e["action"] for e in _history(vllm_pd)[before:]]
     assert actions.count("CordonDecode") == 1 and actions.count("RestartDecode") == 1, actions
 
