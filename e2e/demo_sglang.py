@@ -38,6 +38,7 @@ NAME = "demo-sglang"
 # Every action SGLang allows (RestartPrefill is opt-in), everything else at pdwarden's defaults.
 ACTIONS = ["AbortRequests", "RestartPrefill", "CordonDecode", "RestartDecode"]
 DEFAULTS = RemediationSpec()
+HEALTH_WAIT = 8.0  # how long the story asks the frozen pod's /health itself
 
 
 def _generate(text: str, tokens: int) -> dict[str, object]:
@@ -56,8 +57,11 @@ class _Traffic:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            code, _ = http("POST", self.router + "/generate", _generate("a request", 8),
-                           timeout=60)  # fmt: skip
+            try:
+                code, _ = http("POST", self.router + "/generate", _generate("a request", 8),
+                               timeout=60)  # fmt: skip
+            except OSError:  # stranded by the frozen pod, or refused while it restarts
+                code = 0
             self.answered += code == 200
             if code != 200:
                 self._stop.wait(1)
@@ -119,10 +123,14 @@ class SGLangStory(EngineStory):
         traffic = _Traffic(self.router)
         frozen, start = freeze_scheduler(uid), time.monotonic()
         try:
-            code, _ = http("GET", url(ip, "/health"), timeout=30)
+            try:
+                code, _ = http("GET", url(ip, "/health"), timeout=HEALTH_WAIT)
+                told = f"answers {code}"
+            except OSError:  # a timeout included: the scheduler never answers it
+                told = f"gives no answer within {HEALTH_WAIT:g}s"
             self.say(
-                f"{name}'s /health: {code or 'no answer'} after {time.monotonic() - start:.0f}s "
-                f"(SGLang waits 20 s for its scheduler); its gauges keep their last snapshot"
+                f"{name}'s /health {told} (SGLang itself says 503 only after 20 s without its "
+                f"scheduler); every gauge of both pods keeps its last snapshot"
             )
             for action in actions:
                 entry = self.entry(action, uid, DEFAULTS.wedge_after_seconds + 240)
