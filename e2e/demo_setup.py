@@ -3,7 +3,7 @@
 Why: the demo must work on a fresh machine (start the local control plane), next to a cluster a
 user left running (reuse it, leave it running) and on any cluster named by KUBECONFIG, and it must
 leave each of them as it found it so that it runs twice in a row. That bookkeeping lives here so
-the stories (e2e/demo_pdworker.py, e2e/demo_vllm.py) read as what they tell.
+the stories (e2e/demo_pdworker.py, e2e/demo_vllm.py, e2e/demo_sglang.py) read as what they tell.
 """
 
 from __future__ import annotations
