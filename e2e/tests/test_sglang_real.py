@@ -44,7 +44,7 @@ from typing import Any
 
 import pytest
 from bench.harness import free_port, wait_for
-from e2e import canary_effects
+from e2e import canary_effects, capacity
 from e2e.enginepair import EnginePair
 from e2e.httpjson import http
 from e2e.pdtools import scrape, status, wait_ready
@@ -65,7 +65,10 @@ SIM = Path(__file__).resolve().parents[1] / "sglang_sim.py"
 # Healthy load through the stock router: seconds and client loops (PDWARDEN_SGLANG_LOAD_SECONDS
 # sets a longer storm, e.g. 600 for ten minutes).
 LOAD_SECONDS = float(os.environ.get("PDWARDEN_SGLANG_LOAD_SECONDS", "300"))
-LOAD_LOOPS = 4
+LOAD_LOOPS = int(os.environ.get("PDWARDEN_SGLANG_LOAD_LOOPS", "4"))
+# The pair's capacity curve (e2e/capacity.py), opt-in: seconds per concurrency measured.
+CAPACITY_SECONDS = float(os.environ.get("PDWARDEN_SGLANG_CAPACITY_SECONDS", "0"))
+CAPACITY_LOOPS = (1, 2, 4, 8, 12)
 
 
 def _router_generate(
@@ -317,6 +320,31 @@ def _queued(pair: EnginePair) -> dict[str, float]:
     return {k: v for k, v in out.items() if v}
 
 
+def _answered(router: str, n: int) -> None:
+    """One request of the storm's shape, answered whole (AssertionError otherwise)."""
+    rng = random.Random(n)
+    text = f"capacity request {n}: " + "words " * rng.randrange(4, 60)
+    code, answer = http("POST", router + "/generate", _body(text, rng.randrange(4, 32)),
+                        timeout=120)  # fmt: skip
+    assert code == 200, f"{code}: {answer!r:.300}"
+
+
+@pytest.mark.skipif(not CAPACITY_SECONDS, reason="opt-in: PDWARDEN_SGLANG_CAPACITY_SECONDS")
+@pytest.mark.timeout(len(CAPACITY_LOOPS) * (CAPACITY_SECONDS + 300))
+def test_the_storms_client_loops_reach_nine_tenths_of_the_pairs_capacity(
+    sglang_pd: EnginePair,
+) -> None:
+    """The storm below claims a saturating load: its LOAD_LOOPS closed loops, never cancelling,
+    answer at least 90 % of what the most loops measured get through the pair."""
+    points = capacity.curve(
+        lambda n: _answered(sglang_pd.router, n), CAPACITY_LOOPS, CAPACITY_SECONDS
+    )
+    share = capacity.share_reached(points, LOAD_LOOPS)
+    print(f"\n[sglang] capacity through the router: {capacity.describe(points)}; "
+          f"{LOAD_LOOPS} loops reach {share:.0%} of the peak")  # fmt: skip
+    assert share >= 0.9
+
+
 @pytest.mark.timeout(LOAD_SECONDS + 300)
 def test_a_healthy_load_with_clients_hanging_up_draws_nothing_and_leaves_no_queue(
     sglang_pd: EnginePair,
@@ -329,8 +357,9 @@ def test_a_healthy_load_with_clients_hanging_up_draws_nothing_and_leaves_no_queu
     while time.monotonic() - start < LOAD_SECONDS:
         time.sleep(5)
     clients.stop()
-    print(f"\n[sglang] {LOAD_SECONDS:.0f}s of {LOAD_LOOPS} clients: {clients.answered} answered, "
-          f"{clients.cancelled} hung up, {clients.failed} failed {clients.errors[:3]}")  # fmt: skip
+    print(f"\n[sglang] {LOAD_SECONDS:.0f}s of {LOAD_LOOPS} clients: {clients.answered} answered "
+          f"({clients.answered / LOAD_SECONDS:.1f}/s), {clients.cancelled} hung up, "
+          f"{clients.failed} failed {clients.errors[:3]}")  # fmt: skip
     assert clients.answered > 0
     assert clients.cancelled >= 0.3 * (clients.answered + clients.cancelled) - LOAD_LOOPS
     assert not clients.failed, clients.errors[:5]

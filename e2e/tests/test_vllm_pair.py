@@ -46,7 +46,7 @@ from http.client import HTTPConnection
 from typing import Any
 
 import pytest
-from e2e import canary_effects
+from e2e import canary_effects, capacity
 from e2e.httpjson import http
 from e2e.pdtools import status, wait_ready
 from e2e.repair_times import record
@@ -73,7 +73,10 @@ BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 # PDWARDEN_VLLM_LOAD_SECONDS=300). Two loops keep two busy cores short of the overload where
 # vLLM itself lets KV leases expire.
 LOAD_SECONDS = float(os.environ.get("PDWARDEN_VLLM_LOAD_SECONDS", "60"))
-LOAD_LOOPS = 2
+LOAD_LOOPS = int(os.environ.get("PDWARDEN_VLLM_LOAD_LOOPS", "2"))
+# The pair's capacity curve (e2e/capacity.py), opt-in: seconds per concurrency measured.
+CAPACITY_SECONDS = float(os.environ.get("PDWARDEN_VLLM_CAPACITY_SECONDS", "0"))
+CAPACITY_LOOPS = (1, 2, 3, 4, 6, 8)
 
 
 def test_pd_request_pulls_kv_from_prefill_through_the_pod_ip_side_channel(
@@ -175,6 +178,21 @@ def test_the_router_speaks_vllms_pd_protocol(vllm_pd: VllmPD) -> None:
     assert before + 2 <= metric(decode, XFERS) - canary_reads(vllm_pd) <= before + 3
 
 
+@pytest.mark.skipif(not CAPACITY_SECONDS, reason="opt-in: PDWARDEN_VLLM_CAPACITY_SECONDS")
+@pytest.mark.timeout(len(CAPACITY_LOOPS) * (CAPACITY_SECONDS + 300))
+def test_the_storms_clients_reach_nine_tenths_of_the_pairs_capacity(vllm_pd: VllmPD) -> None:
+    """The storm below claims a saturating load: as many closed loops as it keeps requests in
+    the pair (LOAD_LOOPS and the client that hangs up), never cancelling, answer at least 90 %
+    of what the most loops measured get through the pair."""
+    points = capacity.curve(
+        lambda n: _complete(vllm_pd.router, 8 + (n * 7) % 48), CAPACITY_LOOPS, CAPACITY_SECONDS
+    )
+    share = capacity.share_reached(points, LOAD_LOOPS + 1)
+    print(f"\n[vllm] capacity through the router: {capacity.describe(points)}; "
+          f"{LOAD_LOOPS + 1} loops reach {share:.0%} of the peak", flush=True)  # fmt: skip
+    assert share >= 0.9
+
+
 def test_healthy_load_through_the_router_draws_no_finding_and_no_action(
     vllm_pd: VllmPD,
 ) -> None:
@@ -221,8 +239,8 @@ def test_healthy_load_through_the_router_draws_no_finding_and_no_action(
     for t in threads:
         t.join(LOAD_SECONDS + 180)
     vllm_pd.operator.wait_cycles(2)  # cycles that judged the end of the run have finished
-    print(f"\n[vllm] healthy load: {len(done)} answered, {len(dropped)} dropped by their client",
-          flush=True)  # fmt: skip
+    print(f"\n[vllm] healthy load: {len(done)} answered ({len(done) / LOAD_SECONDS:.1f}/s), "
+          f"{len(dropped)} dropped by their client", flush=True)  # fmt: skip
     assert not errors, errors[:3]
     assert len(done) >= LOAD_LOOPS and len(dropped) >= 10
     assert vllm_pd.operator.metric("pdwarden_remediation_cycles_total") > cycles_before
