@@ -14,7 +14,9 @@ file order:
    with pdwarden's own sender moves the KV and the pods' counters by exactly what detection
    subtracts;
 3. a healthy load through the router with a third of the clients hanging up (before the answer,
-   mid-stream): no finding, no action, no WedgeDetected Event, and every queue gauge back to 0;
+   mid-stream): no finding, no action, no pdwarden Warning Event, and every queue gauge back to
+   0; opt-in before it (PDWARDEN_SGLANG_CAPACITY_SECONDS), the pair's capacity by closed client
+   loops, and that the load's loops reach 90 % of it;
 3b. the simulator (e2e/sglang_sim.py) exposes what the real server does (families, TYPE, HELP,
    label names), and every series pdwarden reads from the real server;
 4. the prefill's scheduler frozen (SIGSTOP of `sglang::scheduler`, its HTTP server alive) with
@@ -208,14 +210,15 @@ def test_the_simulator_exposes_what_the_real_server_does(sglang_pd: EnginePair) 
         assert not missing, f"{role}: pdwarden reads these, the simulator lacks them: {missing}"
 
 
-def _wedge_events(pair: EnginePair) -> list[str]:
-    events = json.loads(
-        pair.cluster.kubectl(
-            "get", "events", "-n", pair.namespace, "--field-selector", "reason=WedgeDetected",
-            "-o", "json",
-        ).stdout
+def _events(pair: EnginePair, selector: str) -> list[dict[str, Any]]:
+    answer = pair.cluster.kubectl(
+        "get", "events", "-n", pair.namespace, "--field-selector", selector, "-o", "json"
     )  # fmt: skip
-    return [str(e["message"]) for e in events["items"]]
+    return list(json.loads(answer.stdout)["items"])
+
+
+def _wedge_events(pair: EnginePair) -> list[str]:
+    return [str(e["message"]) for e in _events(pair, "reason=WedgeDetected")]
 
 
 def _history(pair: EnginePair) -> list[dict[str, Any]]:
@@ -223,10 +226,21 @@ def _history(pair: EnginePair) -> list[dict[str, Any]]:
     return list((st.get("remediation") or {}).get("history", []))
 
 
+def _warnings(pair: EnginePair) -> list[str]:
+    """pdwarden's Warning Events on the pair ("Reason: message"): WedgeDetected, failed actions,
+    configuration advisories, metrics over their cap."""
+    return sorted(
+        f"{e['reason']}: {e['message']}"
+        for e in _events(pair, "type=Warning")
+        if "pdwarden" in (e.get("reportingComponent"), (e.get("source") or {}).get("component"))
+    )
+
+
 def _quiet(pair: EnginePair) -> tuple[list[str], list[dict[str, Any]], float]:
-    """(WedgeDetected Events, ledger entries, findings counted): all empty on a healthy pair."""
+    """(pdwarden's Warning Events, ledger entries, findings counted): all empty on a healthy
+    pair."""
     found = pair.operator.metric("pdwarden_wedges_detected_total")
-    return _wedge_events(pair), _history(pair), found
+    return _warnings(pair), _history(pair), found
 
 
 class _Clients:

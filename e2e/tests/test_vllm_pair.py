@@ -69,14 +69,16 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.vllm]
 XFERS = "vllm:nixl_xfer_time_seconds_count"
 READING = "vllm:num_requests_kv_fetch_by_stage"
 BY_SOURCE = "vllm:prompt_tokens_by_source_total"
-# Healthy load through the router: seconds and client loops (the >= 5 min run of the issue sets
-# PDWARDEN_VLLM_LOAD_SECONDS=300). Two loops keep two busy cores short of the overload where
-# vLLM itself lets KV leases expire.
+# Healthy load through the router: seconds and client loops. CI runs 60 s of 2 loops; the storm
+# at 91 % of the pair's capacity is PDWARDEN_VLLM_LOAD_SECONDS=600 PDWARDEN_VLLM_LOAD_LOOPS=8
+# (12 clients with those hanging up; measured by hand, docs/engines.md: 3 reach 58 %).
 LOAD_SECONDS = float(os.environ.get("PDWARDEN_VLLM_LOAD_SECONDS", "60"))
 LOAD_LOOPS = int(os.environ.get("PDWARDEN_VLLM_LOAD_LOOPS", "2"))
+# Beside them, clients that hang up: a third of all clients.
+DROPPERS = max(1, round(LOAD_LOOPS / 2))
 # The pair's capacity curve (e2e/capacity.py), opt-in: seconds per concurrency measured.
 CAPACITY_SECONDS = float(os.environ.get("PDWARDEN_VLLM_CAPACITY_SECONDS", "0"))
-CAPACITY_LOOPS = (1, 2, 3, 4, 6, 8)
+CAPACITY_LOOPS = (1, 3, 6, 9, 12, 16)
 
 
 def test_pd_request_pulls_kv_from_prefill_through_the_pod_ip_side_channel(
@@ -182,14 +184,14 @@ def test_the_router_speaks_vllms_pd_protocol(vllm_pd: VllmPD) -> None:
 @pytest.mark.timeout(len(CAPACITY_LOOPS) * (CAPACITY_SECONDS + 300))
 def test_the_storms_clients_reach_nine_tenths_of_the_pairs_capacity(vllm_pd: VllmPD) -> None:
     """The storm below claims a saturating load: as many closed loops as it keeps requests in
-    the pair (LOAD_LOOPS and the client that hangs up), never cancelling, answer at least 90 %
+    the pair (LOAD_LOOPS and the clients that hang up), never cancelling, answer at least 90 %
     of what the most loops measured get through the pair."""
     points = capacity.curve(
         lambda n: _complete(vllm_pd.router, 8 + (n * 7) % 48), CAPACITY_LOOPS, CAPACITY_SECONDS
     )
-    share = capacity.share_reached(points, LOAD_LOOPS + 1)
+    share = capacity.share_reached(points, LOAD_LOOPS + DROPPERS)
     print(f"\n[vllm] capacity through the router: {capacity.describe(points)}; "
-          f"{LOAD_LOOPS + 1} loops reach {share:.0%} of the peak", flush=True)  # fmt: skip
+          f"{LOAD_LOOPS + DROPPERS} loops reach {share:.0%} of the peak", flush=True)  # fmt: skip
     assert share >= 0.9
 
 
@@ -233,13 +235,14 @@ def test_healthy_load_through_the_router_draws_no_finding_and_no_action(
 
     cycles_before = vllm_pd.operator.metric("pdwarden_remediation_cycles_total")
     threads = [threading.Thread(target=loop, args=(i,)) for i in range(LOAD_LOOPS)]
-    threads.append(threading.Thread(target=dropping, args=(7,)))  # a third of the clients
+    threads += [threading.Thread(target=dropping, args=(7 + i,)) for i in range(DROPPERS)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(LOAD_SECONDS + 180)
     vllm_pd.operator.wait_cycles(2)  # cycles that judged the end of the run have finished
-    print(f"\n[vllm] healthy load: {len(done)} answered ({len(done) / LOAD_SECONDS:.1f}/s), "
+    print(f"\n[vllm] healthy load, {LOAD_LOOPS} loops and {DROPPERS} hanging up, "
+          f"{LOAD_SECONDS:.0f}s: {len(done)} answered ({len(done) / LOAD_SECONDS:.1f}/s), "
           f"{len(dropped)} dropped by their client", flush=True)  # fmt: skip
     assert not errors, errors[:3]
     assert len(done) >= LOAD_LOOPS and len(dropped) >= 10
