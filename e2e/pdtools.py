@@ -71,6 +71,17 @@ def history(cluster: Cluster, ns: str, name: str = "pd") -> list[dict[str, Any]]
     return entries
 
 
+def pdwarden_warnings(cluster: Cluster, ns: str) -> list[str]:
+    """pdwarden's Warning Events in the namespace, "Reason: message", sorted: WedgeDetected,
+    failed actions, configuration advisories, metrics over their cap."""
+    events = get_json(cluster, ns, "events", "--field-selector", "type=Warning") or {}
+    return sorted(
+        f"{e['reason']}: {e['message']}"
+        for e in events.get("items", [])
+        if "pdwarden" in (e.get("reportingComponent"), (e.get("source") or {}).get("component"))
+    )
+
+
 def recorded(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The ledger as done: before each action the operator writes its intent (outcome Pending)
     and replaces it with the record once the action ran, so a test waiting for an action waits

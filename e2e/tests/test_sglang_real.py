@@ -49,7 +49,7 @@ from bench.harness import free_port, wait_for
 from e2e import canary_effects, capacity
 from e2e.enginepair import EnginePair
 from e2e.httpjson import http
-from e2e.pdtools import scrape, status, wait_ready
+from e2e.pdtools import history, pdwarden_warnings, scrape, status, wait_ready
 from e2e.repair_times import record
 from e2e.sglang.client import metric, pd_generate, url
 from e2e.sglang.faults import freeze_scheduler, kill_server
@@ -222,25 +222,14 @@ def _wedge_events(pair: EnginePair) -> list[str]:
 
 
 def _history(pair: EnginePair) -> list[dict[str, Any]]:
-    st = status(pair.cluster, pair.namespace, pair.name)
-    return list((st.get("remediation") or {}).get("history", []))
-
-
-def _warnings(pair: EnginePair) -> list[str]:
-    """pdwarden's Warning Events on the pair ("Reason: message"): WedgeDetected, failed actions,
-    configuration advisories, metrics over their cap."""
-    return sorted(
-        f"{e['reason']}: {e['message']}"
-        for e in _events(pair, "type=Warning")
-        if "pdwarden" in (e.get("reportingComponent"), (e.get("source") or {}).get("component"))
-    )
+    return history(pair.cluster, pair.namespace, pair.name)
 
 
 def _quiet(pair: EnginePair) -> tuple[list[str], list[dict[str, Any]], float]:
     """(pdwarden's Warning Events, ledger entries, findings counted): all empty on a healthy
     pair."""
     found = pair.operator.metric("pdwarden_wedges_detected_total")
-    return _warnings(pair), _history(pair), found
+    return pdwarden_warnings(pair.cluster, pair.namespace), _history(pair), found
 
 
 class _Clients:
@@ -394,14 +383,14 @@ def _timeline(pair: EnginePair, until: Any, timeout: float) -> tuple[list[str], 
     start = time.monotonic()
     while True:
         st = status(pair.cluster, pair.namespace, pair.name)
-        history = list((st.get("remediation") or {}).get("history", []))
+        entries = list((st.get("remediation") or {}).get("history", []))
         now = (
             f"wedges {[(w['pod'].rsplit('-', 2)[-2], w['reason']) for w in st.get('wedges', [])]} "
-            f"ledger {[(e['action'], e.get('pod', '')) for e in history]}"
+            f"ledger {[(e['action'], e.get('pod', '')) for e in entries]}"
         )
         if not seen or not seen[-1].endswith(now):
             seen.append(f"{time.monotonic() - start:5.0f}s {now}")
-        if until(history):
+        if until(entries):
             return seen, time.monotonic() - start
         assert time.monotonic() - start < timeout, "\n".join(seen)
         time.sleep(2)

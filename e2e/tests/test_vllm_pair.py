@@ -48,7 +48,7 @@ from typing import Any
 import pytest
 from e2e import canary_effects, capacity
 from e2e.httpjson import http
-from e2e.pdtools import status, wait_ready
+from e2e.pdtools import history, pdwarden_warnings, status, wait_ready
 from e2e.repair_times import record
 from e2e.vllm.client import PREFILL_PARAMS, metric, pd_complete, url
 from e2e.vllm.faults import engine_processes, freeze_engine, kill_engine, thaw
@@ -262,11 +262,7 @@ def test_healthy_load_through_the_router_draws_no_finding_and_no_action(
         assert vllm_pd.operator.metric("pdwarden_pair_canaries_total", outcome=outcome) == 0
     # Client aborts are no fault: no Warning Event (no LateNotification for a read-done about a
     # request the prefill dropped when its client went).
-    warnings = json.loads(vllm_pd.cluster.kubectl(
-        "get", "events", "-n", vllm_pd.namespace, "--field-selector", "type=Warning", "-o", "json",
-    ).stdout)["items"]  # fmt: skip
-    assert [e["message"] for e in warnings if e.get("source", {}).get("component") == "pdwarden"
-            or e.get("reportingComponent") == "pdwarden"] == []  # fmt: skip
+    assert pdwarden_warnings(vllm_pd.cluster, vllm_pd.namespace) == []
     # A stall a canary meets once on these busy cores is a suspect, asked again, never acted on.
     op = vllm_pd.operator
     suspects = op.metric("pdwarden_pair_canaries_total", outcome="suspect")
@@ -341,10 +337,7 @@ def test_requests_that_skip_the_prefill_are_reported_as_disaggregation_off(
 
 
 def _restarts(vllm_pd: VllmPD) -> list[dict[str, Any]]:
-    history = (status(vllm_pd.cluster, vllm_pd.namespace).get("remediation") or {}).get(
-        "history", []
-    )
-    return [e for e in history if e.get("action") == "RestartPrefill"]
+    return [e for e in _history(vllm_pd) if e.get("action") == "RestartPrefill"]
 
 
 def test_a_read_stuck_on_a_frozen_prefill_restarts_the_prefill_and_the_request_is_answered(
@@ -485,8 +478,7 @@ class _Load:
 
 
 def _history(vllm_pd: VllmPD) -> list[dict[str, Any]]:
-    st = status(vllm_pd.cluster, vllm_pd.namespace)
-    return list((st.get("remediation") or {}).get("history", []))
+    return history(vllm_pd.cluster, vllm_pd.namespace)
 
 
 def _entries(vllm_pd: VllmPD, action: str, uid: str) -> list[dict[str, Any]]:
