@@ -24,7 +24,8 @@ file order:
    on the decode, the prefill restarted, and the pair serving through the router again;
 5. the decode's scheduler frozen likewise: found dead on the decode, never on the prefill,
    cordoned, restarted, and routed to again once the stock router readmits it;
-6. every process of the decode killed: left to the kubelet, the prefill never restarted, the
+6. every process of the decode killed: left to the kubelet, the prefill never restarted (its
+   failed transfers are the decode's absence: no TransfersFailing), the
    pair serving again.
 
 Faults come from outside (e2e/sglang/faults.py): signals to the pod's processes.
@@ -504,7 +505,7 @@ def test_a_killed_decode_is_left_to_the_kubelet_and_nothing_harms_the_prefill(
     prefill = sglang_pd.pod("prefill")
     prefill_name, prefill_uid = prefill["metadata"]["name"], prefill["metadata"]["uid"]
     decode = sglang_pd.pod("decode")
-    before = len(_history(sglang_pd))
+    before, told = len(_history(sglang_pd)), set(_wedge_events(sglang_pd))
     clients = _Clients(sglang_pd.router, 2, cancel_every=10**9).start()
     killed_at = time.monotonic()
     try:
@@ -530,3 +531,6 @@ def test_a_killed_decode_is_left_to_the_kubelet_and_nothing_harms_the_prefill(
            serving_seconds=serving)  # fmt: skip
     assert sglang_pd.pod("prefill")["metadata"]["uid"] == prefill_uid  # never restarted
     assert all(e["action"] == "AbortRequests" and e["pod"] == prefill_name for e in after), after
+    # The failures it counted were the decode's absence, not a broken path: no suspicion.
+    new = [m for m in _wedge_events(sglang_pd) if m not in told]
+    assert not [m for m in new if m.startswith("TransfersFailing")], new

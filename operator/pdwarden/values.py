@@ -220,6 +220,9 @@ class PairCanary:
     # (`kv_body`); `effects` is what that request adds (health checks add nothing read).
     kv_path: str = ""
     kv_fields: Mapping[str, Any] = field(default_factory=dict)
+    # What a KV request that did not complete may add instead of `effects` (role -> counter ->
+    # amount): a failed transfer is no user's failure either.
+    failed_effects: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     def kv_body(self, host: str, port: int, room: int) -> dict[str, Any]:
         """The KV request both sides get: SGLang's PD protocol (the router's: the same body to

@@ -182,11 +182,111 @@ def test_a_server_that_never_failed_is_judged_from_what_it_shows() -> None:
 
 
 def test_a_failing_transfer_is_a_drain_not_a_wedge() -> None:
+    """Rooms that fail leave the queue: no InflightGaugeStuck. Failures that keep coming while
+    none succeeds are their own suspicion (below)."""
     prefill = pod("p-0", "prefill", series(
         "prefill", 20, inflight=2, sent=40, finished=40, transfer_failed=lambda i: i // 4,
     ))  # fmt: skip
     decode = pod("d-0", "decode", series("decode", 20, throughput=0.0, decode_tokens=1))
-    assert detect([prefill, decode], WEDGE_AFTER).findings == ()
+    assert [f.reason for f in detect([prefill, decode], WEDGE_AFTER).findings] == [
+        "TransfersFailing"
+    ]
+
+
+# -- TransfersFailing: the KV path broke while both sides stay up ---------------------------
+
+
+def failing_prefill(n: int = 30, broke_at: int = 10, **knobs: object) -> PodView:
+    """Transfers succeed until `broke_at`, then every request's fails (some at bootstrap, the
+    rest in transfer) while requests keep coming: what a pair with stale peer state shows."""
+    rows = dict(
+        sent=lambda i: 100 + 4 * min(i, broke_at),
+        finished=lambda i: 100 + 4 * i,
+        bootstrap_failed=lambda i: max(i - broke_at, 0),
+        transfer_failed=lambda i: 3 * max(i - broke_at, 0),
+    )
+    return pod("p-0", "prefill", series("prefill", n, **{**rows, **knobs}))  # type: ignore[arg-type]
+
+
+def idle_decode(n: int = 30) -> PodView:
+    return pod("d-0", "decode", series("decode", n, throughput=0.0, decode_tokens=5000))
+
+
+def test_transfers_that_keep_failing_while_every_decode_is_in_sight() -> None:
+    found = judge_every_cycle(failing_prefill(), idle_decode())
+    # A window (60 s: 12 scrapes) after the first failure, then every cycle while it lasts.
+    assert found and found[0] == (23, "p-0", "TransfersFailing")
+    assert {r for _, _, r in found} == {"TransfersFailing"}
+    (f,) = detect([failing_prefill(), idle_decode()], WEDGE_AFTER).findings
+    assert (f.peer, f.confirmed, f.room_count) == ("d-0", False, 0)
+    assert f.evidence == (
+        "48 KV transfers failed at 12 scrapes in 60s and none succeeded (transfers flat at "
+        "140) while every decode pod was in sight"
+    )
+
+
+def test_failures_among_transfers_that_succeed_are_client_aborts() -> None:
+    """Measured on the real pair: a third of clients hanging up count as failures while the
+    other requests' KV keeps moving. Nothing to find."""
+    storm = failing_prefill(sent=lambda i: 100 + 4 * i)
+    assert judge_every_cycle(storm, idle_decode()) == []
+
+
+def test_one_burst_of_failures_is_not_a_broken_path() -> None:
+    """pdwarden's own AbortRequests, or a decode's death, fails every room at one moment."""
+    burst = failing_prefill(bootstrap_failed=lambda i: 0,
+                            transfer_failed=lambda i: 9 if i >= 20 else 0)  # fmt: skip
+    assert judge_every_cycle(burst, idle_decode()) == []
+
+
+def test_failures_while_a_decode_is_away_are_the_decodes_absence() -> None:
+    """The real killed-decode scenario: the prefill counts bootstrap failures while its decode
+    is gone (70 s here), and transfers succeed again once it is back; the kubelet repairs that,
+    not pdwarden. Had they kept failing, the path would be broken: found a window later."""
+    away, back = 12, 26
+    h = idle_decode(50).history
+    holed = replace(idle_decode(50), history=h[:away] + h[back:])
+
+    def found(prefill: PodView) -> list[int]:
+        out = []
+        for i in range(3, 51):
+            until = prefill.history[i - 1].at
+            seen = tuple(s for s in holed.history if s.at <= until)
+            # Its scrape failed this cycle while it is away: stale (memory.is_stale).
+            views = [
+                replace(prefill, history=prefill.history[:i]),
+                replace(holed, history=seen, stale=seen[-1].at < until),
+            ]
+            out += [i for f in detect(views, WEDGE_AFTER).findings]
+        return out  # fmt: skip
+
+    healed = failing_prefill(
+        50, broke_at=away, sent=lambda i: 100 + 4 * min(i, away) + 4 * max(i - back, 0),
+        bootstrap_failed=lambda i: min(max(i - away, 0), back - away), transfer_failed=0,
+    )  # fmt: skip
+    assert found(healed) == []
+    still_broken = failing_prefill(50, broke_at=away)
+    assert found(still_broken)[0] == back + 10  # the hole is out of the 60 s window
+    stale = replace(idle_decode(50), stale=True)
+    assert detect([still_broken, stale], WEDGE_AFTER).findings == ()
+
+
+def test_a_failed_kv_canary_is_no_users_failure() -> None:
+    """The pair canary's KV request through a pair whose path broke fails too, once per canary
+    (`PAIR_CANARY.failed_effects`): less what the canaries owe, an idle pair's failures are
+    none, so canaries alone never make the finding they confirm."""
+    n = 30
+    canaries = (14, 16, 18, 20, 24, 26)
+    raw = series("prefill", n, sent=140, finished=140,
+                 transfer_failed=lambda i: sum(i >= c for c in canaries))  # fmt: skip
+    raw_pod = pod("p-0", "prefill", raw)
+    assert [f.reason for f in detect([raw_pod, idle_decode()], WEDGE_AFTER).findings] == [
+        "TransfersFailing"
+    ]
+    owed = {**PAIR_CANARY.effects["prefill"], **PAIR_CANARY.failed_effects["prefill"]}
+    effects = [(raw[c].at - 1.0, owed) for c in canaries]
+    fixed = pod("p-0", "prefill", organic(raw, effects))
+    assert detect([fixed, idle_decode()], WEDGE_AFTER).findings == ()
 
 
 def test_no_gauge_finding_while_a_decode_is_unknown() -> None:

@@ -8,8 +8,10 @@ from dataclasses import replace
 from pdwarden.remediation.decide.pairs import (
     MAX_PAIRS,
     ask_again,
+    ask_kv_again,
     held_dead,
     judged,
+    kv_counts,
     pairs_to_ask,
     still,
     with_pair_outcomes,
@@ -226,6 +228,72 @@ def test_a_frozen_pod_plus_canaries_is_still_a_frozen_pod() -> None:
         i not in (2, 4) for i in range(1, len(raw))
     ]
     assert all(still(view("d-0", "decode", fixed[: i + 1])) for i in range(1, len(fixed)))
+
+
+# -- TransfersFailing: a suspicion the KV request confirms -----------------------------------
+
+FAILING = Finding(
+    pod="p-0",
+    role="prefill",
+    reason="TransfersFailing",
+    peer="d-0",
+    evidence="9 KV transfers failed at 3 scrapes in 45s and none succeeded",
+)
+NO_KV = PairResult(
+    "p-0",
+    "d-0",
+    "alive",
+    "KV request: HTTP 500",
+    kv_sent=True,
+    prefill_answered=True,
+    decode_answered=True,
+)
+KV_MOVED = PairResult("p-0", "d-0", "decoded", "decoded in 0.2s", kv_sent=True,
+                      prefill_answered=True, decode_answered=True)  # fmt: skip
+
+
+def test_a_prefill_suspected_of_failing_transfers_is_asked_though_it_is_busy() -> None:
+    views = [view("p-0", "prefill", busy("prefill")), view("d-0", "decode", busy("decode"))]
+    assert pairs_to_ask(views, {}, 200.0, QUIET) == []
+    assert pairs_to_ask(views, {}, 200.0, QUIET, confirm={"p-0"}) == [("p-0", "d-0")]
+    assert pairs_to_ask(views, {"p-0": 195.0}, 200.0, QUIET, confirm={"p-0"}) == []  # quiet
+
+
+def test_kv_requests_in_a_row_that_did_not_complete_are_counted_per_prefill() -> None:
+    assert kv_counts([NO_KV, NO_KV], {}) == {"p-0": 2}
+    assert kv_counts([NO_KV, KV_MOVED], {"p-0": 5}) == {"p-0": 0}  # the KV moved: again at 0
+    no_request = replace(NO_KV, kv_sent=False)  # no bootstrap port known: nothing to count
+    unknown = replace(NO_KV, outcome="unknown")
+    assert kv_counts([no_request, unknown], {"p-0": 1}) == {"p-0": 1}
+    dead = PairResult("p-0", "d-0", "decode_dead", "no answer", kv_sent=True)
+    assert kv_counts([dead], {}) == {"p-0": 0}  # a dead side is not a broken path
+
+
+def test_a_suspected_prefill_is_asked_again_at_once_until_the_threshold() -> None:
+    assert ask_kv_again([NO_KV], {}, 2, {"p-0"})
+    assert not ask_kv_again([NO_KV, NO_KV], {}, 2, {"p-0"})
+    assert not ask_kv_again([NO_KV], {"p-0": 1}, 2, {"p-0"})  # the count spans cycles
+    assert not ask_kv_again([NO_KV], {}, 2, set())  # nothing to confirm: once a quiet window
+    assert not ask_kv_again([KV_MOVED], {}, 2, {"p-0"})
+
+
+def test_transfers_failing_is_confirmed_by_the_kv_requests_and_dropped_when_one_moves() -> None:
+    before = Detection(findings=(FAILING,))
+    (f,) = with_pair_outcomes(before, [NO_KV, NO_KV], kv_failures={"p-0": 2}, threshold=2).findings
+    assert f.confirmed and f.identity == FAILING.identity
+    assert f.evidence == (
+        f"{FAILING.evidence}; confirmed: 2 pair canaries in a row moved no KV while both sides "
+        "answered their health checks (last with d-0: KV request: HTTP 500)"
+    )
+    (f,) = with_pair_outcomes(before, [NO_KV], kv_failures={"p-0": 1}, threshold=2).findings
+    assert not f.confirmed  # below the threshold: reported, never acted on
+    (f,) = with_pair_outcomes(before, [], kv_failures={"p-0": 2}, threshold=2).findings
+    assert f.confirmed  # confirmed earlier, no canary through it this cycle
+    assert (
+        with_pair_outcomes(before, [KV_MOVED], kv_failures={"p-0": 0}, threshold=2).findings == ()
+    )
+    # A canary's KV moved through it within the wedge window: dropped between canaries too.
+    assert with_pair_outcomes(before, [], threshold=2, kv_moved={"p-0"}).findings == ()
 
 
 def test_a_stuck_read_plus_canaries_is_still_a_stuck_read() -> None:

@@ -29,6 +29,7 @@ from pdwarden.remediation.decide.rungs import (
     next_prefill_step,
     prefill_restart_refusal,
     restart_decode,
+    restart_failing_prefill,
     restart_prefill,
     restart_read_peer,
     uncordon_decode,
@@ -359,6 +360,40 @@ def test_plan_restarts_a_dead_prefill_only_on_an_engine_whose_ladder_has_rung_1p
     for engine, expected in (("vllm", [("RestartPrefill", "p-0")]), ("pdworker", []),
                              ("sglang", [("RestartPrefill", "p-0")])):  # fmt: skip
         d = deciding(finding)
+        got = plan(d.spec, d.detection, d.decodes, d.history, d.now, decode_replicas=2,
+                   engine=engine, prefills=d.prefills)  # fmt: skip
+        assert [(a.kind, a.pod) for a in got.actions] == expected, engine
+
+
+def failing(confirmed: bool) -> Finding:
+    return Finding(
+        pod="p-0", role="prefill", reason="TransfersFailing", peer="d-0", confirmed=confirmed,
+        evidence="12 KV transfers failed at 6 scrapes in 45s and none succeeded",
+    )  # fmt: skip
+
+
+def test_restart_failing_prefill_acts_only_once_pair_canaries_confirmed_it() -> None:
+    """1t: a suspicion (client aborts count as failures too) is reported, never acted on."""
+    d = deciding()
+    restart_failing_prefill(d, failing(confirmed=False))
+    assert d.actions == [] and d.held == []
+    restart_failing_prefill(d, failing(confirmed=True))
+    assert d.actions == [
+        PlannedAction("RestartPrefill", "p-0", "TransfersFailing: 12 KV transfers failed at 6 "
+                      "scrapes in 45s and none succeeded", uid="uid-p-0", peer="d-0"),
+    ]  # fmt: skip
+
+
+def test_restart_failing_prefill_is_refused_like_1v_and_only_sglang_has_it() -> None:
+    d = deciding(actions=["AbortRequests"])
+    restart_failing_prefill(d, failing(confirmed=True))
+    assert d.actions == [] and d.held == [f"RestartPrefill on p-0: {NOT_ALLOWED}"]
+    recent = deciding(history=[entry("RestartPrefill", "p-0", RESTART_AFTER - 1)])
+    restart_failing_prefill(recent, failing(confirmed=True))
+    assert recent.actions == [] and recent.held == []
+    for engine, expected in (("sglang", [("RestartPrefill", "p-0")]), ("vllm", []),
+                             ("pdworker", [])):  # fmt: skip
+        d = deciding(failing(confirmed=True))
         got = plan(d.spec, d.detection, d.decodes, d.history, d.now, decode_replicas=2,
                    engine=engine, prefills=d.prefills)  # fmt: skip
         assert [(a.kind, a.pod) for a in got.actions] == expected, engine

@@ -55,6 +55,7 @@ class PairFake:
     script: list[PairOutcome] = field(default_factory=list)
     asked: list[tuple[str, str]] = field(default_factory=list)
     deadlines: list[float] = field(default_factory=list)
+    kv_sent: bool = False  # the "health" protocol's KV request goes out beside the checks
 
     async def pair(
         self, prefill: Target, decode: Target, canary: PairCanary, tenant: str = "",
@@ -69,7 +70,8 @@ class PairFake:
         return PairResult(prefill.pod, decode.pod, outcome, f"{outcome} (fake)", 0.1,
                           prefill_answered=outcome != "prefill_dead",
                           decode_answered=outcome in ("decoded", "alive"), prefill_sent=True,
-                          decode_sent=outcome != "prefill_dead")  # fmt: skip
+                          decode_sent=outcome != "prefill_dead",
+                          kv_sent=self.kv_sent)  # fmt: skip
 
 
 def setup(
@@ -345,3 +347,79 @@ def test_a_health_check_canary_gets_the_short_deadline_from_the_first(
     asked(state, kube, pair, 2)
     assert pair.deadlines == [4.0, 4.0]
     assert history(kube) == []  # alive: nothing to do
+
+
+# -- SGLang: transfers that keep failing while both sides answer -----------------------------
+
+
+@dataclass
+class FailingTransfers(ClockWorkers):
+    """SGLang-shaped samples: prefills report an (empty) inflight queue and a KV transfer counter
+    standing at 40; `failing` prefills fail three transfers a scrape."""
+
+    failing: set[str] = field(default_factory=set)
+
+    def _sample(self, target: Target) -> Sample:
+        s = super()._sample(target)
+        if target.role != "prefill":
+            return s
+        failed = 3.0 * self._n[target.pod] if target.pod in self.failing else 0.0
+        return replace(s, inflight_queue=0.0, kv_transfers=40.0, failed=failed)
+
+
+def sglang_setup(kube: KubeFake, workers: ClockWorkers, pair: PairFake) -> OperatorState:
+    actions = ["AbortRequests", "CordonDecode", "RestartDecode", "RestartPrefill"]
+    cluster(kube, prefill=1, decode=1, actions=actions, wedgeAfterSeconds=20)
+    spec = kube.objects[(KIND, "ns", "pd")]["spec"]
+    spec["engine"] = "sglang"
+    for role in ("prefill", "decode"):
+        spec[role]["gpus"] = 1
+    return OperatorState(client=kube, workers=workers, admin=workers, token_key=KEY, pair=pair)
+
+
+def until_found(state: OperatorState, kube: KubeFake, limit: int = 40) -> None:
+    """Cycles until the status shows a finding, or a canary was sent (each cycle one scrape,
+    STEP seconds of the pods' clock)."""
+    for _ in range(limit):
+        cycles(state, kube, 1)
+        if (kube.obj(KIND, "ns", "pd").get("status") or {}).get("wedges") or history(kube):
+            return
+    raise AssertionError("nothing found")
+
+
+def test_a_prefill_whose_transfers_keep_failing_is_restarted_once_kv_canaries_confirm_it(
+    kube: KubeFake,
+) -> None:
+    """TransfersFailing is a suspicion: its prefill gets a pair canary, and a KV request that
+    does not complete while both sides answer is asked again at once (failureThreshold 2);
+    two in a row confirm it and the prefill is restarted, with the evidence in the ledger."""
+    workers = FailingTransfers(failing={"pd-prefill-0"})
+    pair = PairFake(outcomes={("pd-prefill-0", "pd-decode-0"): "alive"}, kv_sent=True)
+    state = sglang_setup(kube, workers, pair)
+    until_found(state, kube)
+    assert pair.asked == [("pd-prefill-0", "pd-decode-0")] * 2  # confirmed in one cycle
+    [entry] = history(kube)
+    assert (entry["action"], entry["pod"]) == ("RestartPrefill", "pd-prefill-0")
+    assert entry["reason"].startswith("TransfersFailing: ")
+    assert "none succeeded" in entry["reason"]
+    assert "confirmed: 2 pair canaries in a row moved no KV" in entry["reason"]
+    assert ("Pod", "ns", "pd-prefill-0") not in kube.objects
+
+
+def test_failing_transfers_through_a_pair_whose_kv_canary_decodes_draw_nothing(
+    kube: KubeFake,
+) -> None:
+    """The same failures (client aborts count as failures too) while a canary's KV request
+    through the pair completes: the path works; no finding, no Event, no action."""
+    workers = FailingTransfers(failing={"pd-prefill-0"})
+    pair = PairFake(kv_sent=True)  # every canary decodes
+    state = sglang_setup(kube, workers, pair)
+    for _ in range(30):
+        cycles(state, kube, 1)
+        if pair.asked:
+            break
+    assert pair.asked == [("pd-prefill-0", "pd-decode-0")]
+    cycles(state, kube, 3)
+    assert history(kube) == []
+    assert not (kube.obj(KIND, "ns", "pd").get("status") or {}).get("wedges")
+    assert [e for e in kube.events if e["reason"] == "WedgeDetected"] == []

@@ -147,7 +147,9 @@ class CanarySpec(ApiModel):
         description=(
             "Canaries in a row a side must leave unanswered (its counters still) before it is "
             "dead and acted on, like a probe's failureThreshold: one stall of a busy engine is "
-            "not a death. Until then it is a suspect, asked again at once."
+            "not a death. Until then it is a suspect, asked again at once. Likewise (sglang) "
+            "the KV requests in a row that must fail while both sides answer before a prefill "
+            "whose transfers keep failing is restarted."
         ),
     )
     first_deadline_seconds: int = Field(

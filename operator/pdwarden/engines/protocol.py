@@ -22,7 +22,10 @@ Obj = Mapping[str, Any]
 
 # The prefill-side rungs of the plan's ladder (remediation/decide/rungs.py holds one function for
 # each); an engine maps the findings it can repair to one of them (`Engine.prefill_rungs`).
-PrefillRung = Literal["fail_rooms", "abort_requests", "restart_read_peer", "restart_prefill"]
+PrefillRung = Literal[
+    "fail_rooms", "abort_requests", "restart_read_peer", "restart_prefill",
+    "restart_failing_prefill",
+]  # fmt: skip
 
 # Sample fields that count monotonically (counters): any change between samples is movement.
 COUNTER_FIELDS: Final = (

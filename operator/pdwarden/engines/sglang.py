@@ -183,7 +183,10 @@ _PREFILL_WEDGES: Final = ("InflightStuck", "PeerIncarnationGone", "InflightGauge
 # count no finished request; the prefill observes its transfer all the same
 # (disaggregation/prefill.py:1250-1255: only a fake bootstrap host is skipped), and the decode
 # finishes it in the prebuilt batch without a decode step, like /health's. Measured on the real
-# pair (e2e/tests/test_sglang_real.py), counter by counter: `effects`.
+# pair (e2e/tests/test_sglang_real.py), counter by counter: `effects`. One that does not complete
+# (its transfer failed, or the prefill aborted it when our connection closed) is counted once
+# as a bootstrap or a transfer failure on the prefill (disaggregation/prefill.py: a Failed poll
+# and an aborted room both end in `increment_*_failed_reqs`): `failed_effects`.
 PAIR_CANARY: Final = PairCanary(
     prefill_fields={},
     carried="",
@@ -192,6 +195,7 @@ PAIR_CANARY: Final = PairCanary(
     protocol="health",
     kv_path="/generate",
     kv_fields={"sampling_params": {"max_new_tokens": 1, "temperature": 0}, "log_metrics": False},
+    failed_effects={"prefill": {"failed": 1}},
 )
 
 
@@ -210,6 +214,7 @@ class SGLang:
         default_factory=lambda: {
             **dict.fromkeys(_PREFILL_WEDGES, "abort_requests"),
             "PrefillDead": "restart_prefill",
+            "TransfersFailing": "restart_failing_prefill",
         }
     )
     advisory_rules: tuple[AdviceRule, ...] = sglang_advice.RULES

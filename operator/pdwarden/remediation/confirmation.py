@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -20,9 +20,12 @@ from pdwarden import engines, metrics
 from pdwarden.api import LedgerEntry
 from pdwarden.remediation.decide import PodState, verdicts
 from pdwarden.remediation.decide.pairs import (
+    SUSPICION,
     ask_again,
+    ask_kv_again,
     held_dead,
     judged,
+    kv_counts,
     pairs_to_ask,
     with_pair_outcomes,
 )
@@ -31,7 +34,7 @@ from pdwarden.remediation.detect.rules import Detection
 from pdwarden.remediation.memory import DeploymentMemory, PodMemory
 from pdwarden.remediation.scrape import sanitize
 from pdwarden.remediation.seams import Round, Seen
-from pdwarden.values import CanaryCost, CanaryResult, PairResult, Target
+from pdwarden.values import CanaryCost, CanaryResult, PairCanary, PairResult, Target
 
 log = logging.getLogger("pdwarden.remediation.cycle")
 
@@ -102,16 +105,22 @@ async def confirm_pairs(
     uids = {v.name: v.uid for v in views}
     asked = {n: at for n, u in uids.items() if (at := _canary_at(r.mem, u)) is not None}
     misses = {n: pm.canary_misses for n, u in uids.items() if (pm := r.mem.pods.get(u))}
+    kv_before = {n: pm.kv_failures for n, u in uids.items() if (pm := r.mem.pods.get(u))}
+    confirm = {f.pod for f in detection.findings if f.reason == SUSPICION and not f.confirmed}
+    threshold = knobs.failure_threshold
     started = time.monotonic()
     pairs = [
         (p, d, pt, dt)
-        for p, d in pairs_to_ask(views, asked, started, knobs.quiet_seconds)
+        for p, d in pairs_to_ask(views, asked, started, knobs.quiet_seconds, confirm)
         if (pt := r.seen.target(p)) is not None and (dt := r.seen.target(d)) is not None
     ]
     now_asked = {name for p, d, _, _ in pairs for name in (p, d)}
-    held = held_dead(views, misses, knobs.failure_threshold, now_asked)
+    held = held_dead(views, misses, threshold, now_asked)
     if not pairs:
-        return with_pair_outcomes(detection, [], held)
+        moved = _kv_moved(r, uids, started)
+        return with_pair_outcomes(
+            detection, [], held, kv_failures=kv_before, threshold=threshold, kv_moved=moved
+        )
     for name in now_asked:
         r.mem.pods.setdefault(uids[name], PodMemory()).canary_at = started
 
@@ -135,15 +144,17 @@ async def confirm_pairs(
 
     async def one(pt: Target, dt: Target) -> list[PairResult]:
         # A miss below the threshold is asked again at once: misses in a row, back to back.
+        # So is a KV request that did not complete through a prefill suspected of failing them.
         out = [await send(pt, dt)]
-        while ask_again(out, misses, knobs.failure_threshold):
+        while ask_again(out, misses, threshold) or ask_kv_again(out, kv_before, threshold, confirm):
             out.append(await send(pt, dt))
         return out
 
     sent = await asyncio.gather(*(one(pt, dt) for _, _, pt, dt in pairs))
     ended = time.monotonic()
     through = [(pt, dt) for (_, _, pt, dt), rs in zip(pairs, sent, strict=True) for _ in rs]
-    results, counts = judged([res for rs in sent for res in rs], misses, knobs.failure_threshold)
+    results, counts = judged([res for rs in sent for res in rs], misses, threshold)
+    kv_after = {**kv_before, **kv_counts(results, kv_before)}
     legs = sum(int(res.prefill_sent) + int(res.decode_sent) + 2 * res.kv_sent for res in results)
     cost = CanaryCost(len(results), legs, ended - started)
     _count("pair", cost)
@@ -151,6 +162,12 @@ async def confirm_pairs(
     for name, n in counts.items():
         if name in uids:
             r.mem.pods.setdefault(uids[name], PodMemory()).canary_misses = n
+    for name, n in kv_after.items():
+        if name in uids:
+            r.mem.pods.setdefault(uids[name], PodMemory()).kv_failures = n
+    for res in results:
+        if res.outcome == "decoded" and res.prefill in uids:
+            r.mem.pods.setdefault(uids[res.prefill], PodMemory()).kv_moved_at = ended
     for (pt, dt), res in zip(through, results, strict=True):
         metrics.PAIR_CANARIES.labels(res.outcome).inc()
         if res.outcome == "decoded":
@@ -163,7 +180,7 @@ async def confirm_pairs(
             owes = sent_leg if shape.protocol == "pd" else res.kv_sent
             if owes and name in uids:
                 pm = r.mem.pods.setdefault(uids[name], PodMemory())
-                pm.canary_effects.append((ended, shape.effects.get(role, {})))
+                pm.canary_effects.append((ended, _owed(shape, role, res)))
         if res.outcome not in ("decoded", "alive"):
             log.log(
                 logging.WARNING if res.outcome.endswith("_dead") or res.outcome == "suspect"
@@ -171,7 +188,32 @@ async def confirm_pairs(
                 "%s/%s: pair canary %s -> %s: %s (%s)", r.seen.namespace,
                 r.body["metadata"]["name"], res.prefill, res.decode, res.outcome, res.detail,
             )  # fmt: skip
-    return with_pair_outcomes(detection, results, held)
+    moved = _kv_moved(r, uids, ended)
+    return with_pair_outcomes(
+        detection, results, held, kv_failures=kv_after, threshold=threshold, kv_moved=moved
+    )
+
+
+def _kv_moved(r: Round[Any, Any, Any], uids: Mapping[str, str], now: float) -> set[str]:
+    """The pods a canary's KV moved through within the wedge window: their path works."""
+    window = r.spec.remediation.wedge_after_seconds
+    return {
+        name
+        for name, uid in uids.items()
+        if (pm := r.mem.pods.get(uid)) is not None
+        and pm.kv_moved_at is not None
+        and now - pm.kv_moved_at <= window
+    }
+
+
+def _owed(shape: PairCanary, role: str, res: PairResult) -> Mapping[str, float]:
+    """What one canary may have added to a pod's counters: its measured `effects` when it
+    decoded; otherwise those or its `failed_effects` (a request past its deadline may still
+    complete; only what a counter really rose by is taken off, `memory.organic`)."""
+    done = shape.effects.get(role, {})
+    if res.outcome == "decoded":
+        return done
+    return {**done, **shape.failed_effects.get(role, {})}
 
 
 def _count(kind: str, cost: CanaryCost) -> None:

@@ -76,6 +76,8 @@ class PodMemory:
     )
     canary_at: float | None = None  # when the last pair canary through this pod began
     canary_misses: int = 0  # pair canaries in a row this pod gave no answer to (`decide.pairs`)
+    kv_failures: int = 0  # prefill: canary KV requests failed in a row (`decide.pairs.kv_counts`)
+    kv_moved_at: float | None = None  # prefill: when a canary's KV through it last moved
     # The last sample that showed its inflight queue empty, or the first one seen: a queue that
     # holds rooms now has held some ever since, however far back past `samples` that is.
     inflight_empty_at: float | None = None

@@ -27,6 +27,14 @@ pods' histories, unit-tested without a network.
   canary is no longer stalled (it waits on the dead prefill), and while a decode is dead no
   prefill's gauge-read stuck queue (InflightGaugeStuck) is its own; decoded (and alive, the "health"
   protocol's answer) proves both alive; suspect and unknown prove nothing and never act.
+* TransfersFailing (a prefill whose transfers fail while every decode is in sight,
+  `detect.rules`) is a suspicion: its prefill is due for a canary as a still pod is. It is
+  confirmed once canary.failureThreshold KV requests in a row through that prefill did not
+  complete while both sides answered their health checks (`kv_counts`: outcome alive with the
+  KV request sent; asked again at once below the threshold, `ask_kv_again`), and only then
+  repaired (`rungs.restart_failing_prefill`). A canary through it that decoded within the
+  wedge window proves its KV path works: the finding is dropped while that lasts (client
+  aborts count as transfer failures too), and the prefill is asked again each quiet window.
 * A decode found dead stays dead between its canaries (`held_dead`) while its counters stand
   still and it answered nothing since: its repair spans cycles (cordon, then restart
   restartAfterSeconds later), and a cycle in the quiet window after its last canary learns
@@ -46,6 +54,7 @@ from pdwarden.remediation.detect.evidence import Finding, PodView, moved
 from pdwarden.remediation.detect.rules import Detection
 from pdwarden.values import CanaryResult, PairResult
 
+SUSPICION: Final = "TransfersFailing"  # the finding a pair canary confirms before it acts
 MAX_PAIRS: Final = 2  # pair canaries per object per cycle: each holds a connection for its legs
 PROGRESS: Final = ("prefill_tokens", "generated_tokens", "kv_transfers", "completed")
 
@@ -62,13 +71,15 @@ def pairs_to_ask(
     last_asked: Mapping[str, float],
     now: float,
     seconds: float,
+    confirm: Collection[str] = (),
 ) -> list[tuple[str, str]]:
-    """(prefill, decode) pairs to send a canary through this cycle for its still pods, each pod
-    at most once and none asked within `seconds` before `now` (monotonic), sorted for a stable
-    order."""
+    """(prefill, decode) pairs to send a canary through this cycle for its still pods and the
+    pods in `confirm` (suspicions to confirm), each pod at most once and none asked within
+    `seconds` before `now` (monotonic), sorted for a stable order."""
     fresh = [v for v in views if not v.stale and v.latest is not None]
     silent = {v.name for v in fresh if still(v)}
-    due = sorted(n for n in silent if now - last_asked.get(n, -1e18) >= seconds)
+    asking = silent | ({v.name for v in fresh} & set(confirm))
+    due = sorted(n for n in asking if now - last_asked.get(n, -1e18) >= seconds)
     out: list[tuple[str, str]] = []
     used: set[str] = set()
     for name in due:
@@ -128,6 +139,37 @@ def ask_again(results: Sequence[PairResult], misses: Mapping[str, int], threshol
     return judged_results[-1].outcome == "suspect"
 
 
+def kv_failed(result: PairResult) -> bool:
+    """The canary's KV request went out and did not complete while both sides answered their
+    health checks: the pair is alive and its KV path is not."""
+    return result.kv_sent and result.outcome == "alive"
+
+
+def kv_counts(results: Sequence[PairResult], counts: Mapping[str, int]) -> dict[str, int]:
+    """Prefill -> KV requests in a row through it that did not complete (`kv_failed`), updated
+    by `results` (oldest first) for the prefills they went through: a decoded one starts the
+    count again; any other outcome leaves it."""
+    out: dict[str, int] = {}
+    for r in results:
+        n = out.get(r.prefill, counts.get(r.prefill, 0))
+        out[r.prefill] = 0 if r.outcome == "decoded" else n + 1 if kv_failed(r) else n
+    return out
+
+
+def ask_kv_again(
+    results: Sequence[PairResult],
+    counts: Mapping[str, int],
+    threshold: int,
+    confirm: Collection[str],
+) -> bool:
+    """Whether the pair that gave `results` (back to back, oldest first) is asked again at once
+    to confirm a suspicion on its prefill: its last KV request did not complete, fewer than
+    `threshold` times in a row."""
+    if not results or results[-1].prefill not in confirm or not kv_failed(results[-1]):
+        return False
+    return kv_counts(results, counts)[results[-1].prefill] < threshold
+
+
 def held_dead(
     views: Sequence[PodView], misses: Mapping[str, int], threshold: int, asked: Collection[str]
 ) -> dict[str, int]:
@@ -144,14 +186,51 @@ def held_dead(
     }
 
 
+def _confirmed(
+    findings: Sequence[Finding],
+    results: Sequence[PairResult],
+    kv_failures: Mapping[str, int],
+    threshold: int,
+    kv_moved: Collection[str],
+) -> list[Finding]:
+    """The findings with each TransfersFailing judged: dropped when a canary through its prefill
+    decoded this cycle or recently (`kv_moved`), confirmed at `threshold` KV requests in a row
+    that did not complete (`kv_counts`), else left a suspicion."""
+    decoded = {r.prefill for r in results if r.outcome == "decoded"} | set(kv_moved)
+    out = []
+    for f in findings:
+        if f.reason != SUSPICION or f.confirmed:
+            out.append(f)
+        elif f.pod in decoded:
+            continue  # its KV moved just now: the failures were not the path's
+        elif (n := kv_failures.get(f.pod, 0)) >= threshold:
+            last = next((r for r in reversed(results) if r.prefill == f.pod and kv_failed(r)),
+                        None)  # fmt: skip
+            how = f" (last with {last.decode}: {last.detail})" if last is not None else ""
+            why = (f"{f.evidence}; confirmed: {n} pair canaries in a row moved no KV while both "
+                   f"sides answered their health checks{how}")  # fmt: skip
+            out.append(replace(f, confirmed=True, evidence=why))
+        else:
+            out.append(f)
+    return out
+
+
 def with_pair_outcomes(
-    detection: Detection, results: Sequence[PairResult], held: Mapping[str, int] | None = None
+    detection: Detection,
+    results: Sequence[PairResult],
+    held: Mapping[str, int] | None = None,
+    *,
+    kv_failures: Mapping[str, int] | None = None,
+    threshold: int = 1,
+    kv_moved: Collection[str] = (),
 ) -> Detection:
     """`detection` as the plan reads it once the pair canaries answered, with the decodes
-    `held_dead` (decode -> misses in a row) still dead."""
+    `held_dead` (decode -> misses in a row) still dead and each TransfersFailing judged by the
+    prefills' KV requests in a row that did not complete (`kv_failures`, `kv_counts`) and by
+    those a canary's KV moved through within the wedge window (`kv_moved`)."""
+    findings = _confirmed(detection.findings, results, kv_failures or {}, threshold, kv_moved)
     if not results and not held:
-        return detection
-    findings = list(detection.findings)
+        return replace(detection, findings=tuple(findings))
     canaries = dict(detection.canaries)
     for name, n in sorted((held or {}).items()):
         why = f"pair canary: no answer to the last {n} canaries, still since"

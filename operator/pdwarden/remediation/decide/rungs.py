@@ -168,11 +168,27 @@ def restart_prefill(d: Deciding, f: Finding) -> None:
     _restart_prefill(d, f.pod, f, f"{f.reason}: {f.evidence}", None)
 
 
+def restart_failing_prefill(d: Deciding, f: Finding) -> None:
+    """1t (SGLang): restart a prefill whose KV transfers keep failing while both sides of its
+    pair answer, once pair canaries confirmed it (TransfersFailing, `decide.pairs`: canary after
+    canary moved no KV while both health checks answered); the same checks as 1v. The prefill
+    is the side restarted: SGLang 0.5.23's decode drops a prefill's cached connection after any
+    failed send or waiting timeout and asks its bootstrap server again (disaggregation/common/
+    conn.py `invalidate_cached_bootstrap_infos`), while the prefill's NIXL agent keeps what it
+    learnt of its decodes (nixl/conn.py reloads a peer it holds and removes none), and in the
+    one public report of pairs stuck this way over NIXL (vLLM's, after decodes came back on the
+    same addresses) only restarting the prefills healed them. An unconfirmed finding is
+    reported and never acts."""
+    if f.confirmed:
+        _restart_prefill(d, f.pod, f, f"{f.reason}: {f.evidence}", f.peer)
+
+
 PREFILL_RUNGS: Final[Mapping[PrefillRung, Callable[[Deciding, Finding], None]]] = {
     "fail_rooms": fail_rooms,
     "abort_requests": abort_requests,
     "restart_read_peer": restart_read_peer,
     "restart_prefill": restart_prefill,
+    "restart_failing_prefill": restart_failing_prefill,
 }
 
 

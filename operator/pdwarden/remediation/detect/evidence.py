@@ -14,6 +14,8 @@ from pdwarden.values import RoomView, Sample
 
 Reason = Literal[
     "InflightStuck", "PeerIncarnationGone", "InflightGaugeStuck", "DecodeStalled",
+    # A push engine without a rooms API (SGLang): its transfers fail and none succeeds.
+    "TransfersFailing",
     # Engines whose decode pulls KV (vLLM): detect/pull.py.
     "KVReadStuck", "LeaseExpired", "LateNotification", "PromptsRecomputed",
     # A pair canary (confirm/pair_canary.py) got no answer from that side's leg.
@@ -61,6 +63,9 @@ class Finding:
     # Pods that may be the cause when no metric names the peer (detect/pull.py): a repair
     # confirms each with a canary before acting on it.
     suspects: tuple[str, ...] = ()
+    # A suspicion a pair canary has since confirmed (TransfersFailing: `decide.pairs`); only a
+    # confirmed one is repaired. Not part of `identity`: confirming it makes no new wedge.
+    confirmed: bool = False
 
     @property
     def identity(self) -> tuple[str, str, str]:

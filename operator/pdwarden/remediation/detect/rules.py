@@ -19,6 +19,12 @@ functions over recorded data, unit-tested on sample series. The rules:
   it stopped moving. Counters that a health-check probe moves never count as drain (the engine
   modules, `pdwarden.engines`). Wedged rooms hidden among healthy traffic that keeps draining the
   queue cannot be seen this way (no per-room ages); the rooms API rule above sees them.
+* TransfersFailing: for the same engines, the prefill's failure counters (SGLang: bootstrap
+  and transfer failures) rose at FAILED_SCRAPES scrapes or more of the window while not one KV
+  transfer succeeded and every decode pod was in sight: a pair whose KV path broke while both
+  sides stay Ready (stale peer state after a restart, a broken fabric). Client aborts count as
+  failures too, and a decode that went away fails its rooms: so it is a suspicion that a pair
+  canary confirms (no KV moves while both sides answer their health checks) before any repair.
 * DecodeStalled: a decode pod held requests for the whole window while nothing showed progress:
   its per-step token counter flat (for engines without one, its throughput 0: with one, a
   throughput gauge is no evidence, since a hung scheduler freezes its gauges), no request
@@ -37,12 +43,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import pairwise
 
 from pdwarden.constants import ROLE_DECODE, ROLE_PREFILL
 from pdwarden.remediation.detect.evidence import Finding, PodView
 from pdwarden.remediation.detect.evidence import moved as _moved
 from pdwarden.remediation.detect.evidence import window_of as _window
+from pdwarden.remediation.detect.failing import in_sight, transfers_failing
 from pdwarden.remediation.detect.pull import pull_findings
 from pdwarden.values import CanaryCost, CanaryResult, RoomView, Sample
 
@@ -160,10 +166,7 @@ def inflight_not_draining(
         f"inflight queue held >= {stuck:g} rooms for {end - start:.0f}s and none left it "
         f"(no KV transfer finished or failed)"
     )
-    # Out of sight: stale now, or a gap in its samples over the window longer than a few of
-    # the prefill's own scrape intervals (a decode killed and back within the window).
-    gap = 3 * (end - start) / max(len(window) - 1, 1) + 1
-    if any(d.stale or _out_of_sight(d, start, end, gap) for d in decodes):
+    if not in_sight(decodes, window):
         # A decode we cannot see over the window may be the one the rooms wait on: gone,
         # restarting (its repair is its own: the kubelet's, or ours on a dead verdict), or
         # unreachable. Seen on the real SGLang pair: a prefill's gauges keep their last snapshot
@@ -180,14 +183,6 @@ def inflight_not_draining(
     return f"{head}; no decode pod is busy with a backlog"
 
 
-def _out_of_sight(view: PodView, start: float, end: float, gap: float) -> bool:
-    """Whether the pod's samples leave a hole longer than `gap` anywhere in [start, end]."""
-    if not view.history or view.history[0].at > start:
-        return True
-    seen = [start, *(s.at for s in view.history if start < s.at <= end), end]
-    return any(b - a > gap for a, b in pairwise(seen))
-
-
 def _prefill_findings(
     pod: PodView,
     wedge_after: float,
@@ -197,11 +192,16 @@ def _prefill_findings(
     latest = pod.latest
     assert latest is not None
     if pod.rooms is None:
+        failing = transfers_failing(pod.history, wedge_after, decodes)
+        out = [] if failing is None else [
+            Finding(pod=pod.name, role=ROLE_PREFILL, reason="TransfersFailing", evidence=failing,
+                    peer=decodes[0].name if len(decodes) == 1 else None)
+        ]  # fmt: skip
         evidence = inflight_not_draining(
             pod.history, wedge_after, decodes, pod.rooms_wait_for_decode_kv
         )
         if evidence is None:
-            return []
+            return out
         window = _window(pod.history, wedge_after) or pod.history
         # Rooms held since the queue was last seen empty (memory reaches back past the history),
         # the window at least: the ladder tells a queue never emptied by its abort from a new
@@ -209,11 +209,12 @@ def _prefill_findings(
         empty = pod.inflight_empty_at
         since = min(window[0].at, empty if empty is not None else math.inf)
         return [
+            *out,
             Finding(
                 pod=pod.name, role=ROLE_PREFILL, reason="InflightGaugeStuck",
                 room_count=int(min(s.queue("inflight_queue") for s in window)),
                 oldest_seconds=window[-1].at - since, evidence=evidence,
-            )
+            ),
         ]  # fmt: skip
     gone: dict[str | None, list[RoomView]] = {}
     stuck_by_peer: dict[str | None, list[RoomView]] = {}
