@@ -12,6 +12,11 @@ get pod IPs from the node podCIDR (10.x), which must not be scraped here.
 
 Target: 1000 pods at a 5 s interval on well under one core (cpu_per_cycle / 5 s << 1) and
 under 300 MB RSS. A cProfile of one cycle at the largest size gives the hot spots.
+
+Each size is measured twice, one after the other in the same run against the same simulator:
+with the operator's scrape client as shipped (`http1`: a lean GET over a connection kept alive
+per pod) and with every GET through aiohttp (`lean_http=False`, what https pods get), so the
+ratio between the two is measured side by side.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ def rss_mb() -> float:
 
 
 class Cycle:
-    def __init__(self, n: int, port: int) -> None:
+    def __init__(self, n: int, port: int, lean: bool = True) -> None:
         self.spec = RemediationSpec()
         self.targets = [
             Target(pod=f"pod-{i}", uid=f"uid-{i}", role=role_of(i), ip=pod_ip(i), port=port,
@@ -57,7 +62,7 @@ class Cycle:
             for i in range(n)
         ]  # fmt: skip
         self.history: dict[str, deque[Sample]] = {t.uid: deque() for t in self.targets}
-        self.client = WorkerClient()
+        self.client = WorkerClient(lean_http=lean)
         self.errors = 0
 
     async def once(self) -> None:
@@ -81,8 +86,8 @@ class Cycle:
         plan(self.spec, detection, decodes, [], datetime.now(UTC), decode_replicas=len(decodes))
 
 
-async def measure(n: int, port: int, cycles: int, profile: bool) -> dict[str, Any]:
-    cycle = Cycle(n, port)
+async def measure(n: int, port: int, cycles: int, profile: bool, lean: bool) -> dict[str, Any]:
+    cycle = Cycle(n, port, lean)
     await cycle.once()  # warm-up: connections, imports
     cpu, wall = [], []
     for _ in range(cycles):
@@ -104,6 +109,7 @@ async def measure(n: int, port: int, cycles: int, profile: bool) -> dict[str, An
     cpu_med = common.stats(cpu)["median"]
     return {
         "pods": n,
+        "client": "http1" if lean else "aiohttp",
         "cpu_seconds_per_cycle": common.stats(cpu),
         "cpu_ms_per_pod": cpu_med / n * 1000,
         "wall_seconds_per_cycle": common.stats(wall),
@@ -128,7 +134,11 @@ def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
         assert sim.stdout is not None
         if sim.stdout.readline().strip() != "ready":
             raise RuntimeError("metrics simulator did not start")
-        rows = [asyncio.run(measure(n, port, cycles, n == max(sizes))) for n in sizes]
+        rows = [
+            asyncio.run(measure(n, port, cycles, lean and n == max(sizes), lean))
+            for n in sizes
+            for lean in (True, False)
+        ]
     finally:
         if sim.stdin:
             sim.stdin.close()
@@ -137,9 +147,15 @@ def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             sim.kill()
             sim.wait()
-    at = {r["pods"]: r for r in rows}
+    at = {r["pods"]: r for r in rows if r["client"] == "http1"}
+    old = {r["pods"]: r for r in rows if r["client"] == "aiohttp"}
     key = 1000 if 1000 in at else max(at)
     k = at[key]
+    ratios = {
+        n: round(at[n]["cpu_seconds_per_cycle"]["median"]
+                 / max(old[n]["cpu_seconds_per_cycle"]["median"], 1e-9), 3)
+        for n in at
+    }  # fmt: skip
     data = {
         "interval_seconds": INTERVAL,
         "cycles": cycles,
@@ -150,16 +166,21 @@ def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
             "rss_mb": k["rss_mb_after"],
             "met": k["cores_at_5s_interval"] < 0.5 and k["rss_mb_after"] < 300,
         },
+        "cpu_ratio_http1_vs_aiohttp": ratios,
         "wall_seconds": round(time.monotonic() - started, 1),
         "notes": ["cycle = scrape + parse + history + detect + plan; no Kubernetes list call",
                   "kwok not used: its pod IPs are 10.x (node podCIDR), not loopback"],
     }  # fmt: skip
-    figures = "; ".join(
-        f"{r['pods']} pods: {r['cpu_seconds_per_cycle']['median']:.2f} CPU s/cycle "
-        f"({r['cpu_ms_per_pod']:.2f} ms/pod, {r['cores_at_5s_interval']:.2f} core at 5 s), "
-        f"wall {r['wall_seconds_per_cycle']['median']:.2f} s, RSS {r['rss_mb_after']:.0f} MB"
-        for r in rows
-        if r["pods"] in (key, max(at))
+    figures = (
+        "; ".join(
+            f"{r['pods']} pods: {r['cpu_seconds_per_cycle']['median']:.2f} CPU s/cycle "
+            f"({r['cpu_ms_per_pod']:.2f} ms/pod, {r['cores_at_5s_interval']:.2f} core at 5 s), "
+            f"wall {r['wall_seconds_per_cycle']['median']:.2f} s, RSS {r['rss_mb_after']:.0f} MB"
+            for r in rows
+            if r["pods"] in (key, max(at)) and r["client"] == "http1"
+        )
+        + "; CPU per cycle vs every GET through aiohttp, same run: "
+        + ", ".join(f"{n} pods {ratios[n]:.2f} x" for n in sorted(ratios))
     )
     common.finish(out, "operator_scale", quick, readme, data, figures, lambda p: _plot(p, rows))
     return data
@@ -168,12 +189,17 @@ def run(quick: bool, out: Path, readme: Path | None) -> dict[str, Any]:
 def _plot(path: Path, rows: list[dict[str, Any]]) -> None:
     title = f"operator cost per cycle, {common.machine_note()}"
     with common.figure(path, 1, 2, figsize=(8.5, 3.6), dpi=90, title=title) as (a1, a2):
-        pods = [r["pods"] for r in rows]
-        a1.plot(pods, [r["cpu_seconds_per_cycle"]["median"] for r in rows], "o-", label="CPU s")
-        a1.plot(pods, [r["wall_seconds_per_cycle"]["median"] for r in rows], "s--", label="wall s")
+        for client, style in (("http1", "-"), ("aiohttp", ":")):
+            mine = [r for r in rows if r["client"] == client]
+            pods = [r["pods"] for r in mine]
+            a1.plot(pods, [r["cpu_seconds_per_cycle"]["median"] for r in mine], "o" + style,
+                    label=f"CPU s ({client})")  # fmt: skip
+            a1.plot(pods, [r["wall_seconds_per_cycle"]["median"] for r in mine], "s" + style,
+                    label=f"wall s ({client})")  # fmt: skip
         a1.axhline(INTERVAL, color="gray", lw=0.8, ls=":", label="5 s interval")
         common.label(a1, "worker pods", "seconds per scrape cycle")
-        a2.plot(pods, [r["rss_mb_after"] for r in rows], "o-")
+        mine = [r for r in rows if r["client"] == "http1"]
+        a2.plot([r["pods"] for r in mine], [r["rss_mb_after"] for r in mine], "o-")
         common.label(a2, "worker pods", "RSS (MB)", legend=False)
 
 

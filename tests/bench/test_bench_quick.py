@@ -130,8 +130,11 @@ def test_recovery(results: dict[str, Any]) -> None:
 
 def test_operator_scale(results: dict[str, Any]) -> None:
     data = check(results, "operator_scale")
-    (row,) = data["results"]
-    assert row["pods"] == 50 and row["scrape_errors"] == 0
-    for key in ("cpu_seconds_per_cycle", "wall_seconds_per_cycle"):
-        assert ok(row[key]["median"])
-    assert ok(row["rss_mb_after"]) and row["profile_top_tottime"]
+    lean, old = data["results"]  # the shipped client, then every GET through aiohttp
+    assert (lean["client"], old["client"]) == ("http1", "aiohttp")
+    for row in (lean, old):
+        assert row["pods"] == 50 and row["scrape_errors"] == 0
+        for key in ("cpu_seconds_per_cycle", "wall_seconds_per_cycle"):
+            assert ok(row[key]["median"])
+        assert ok(row["rss_mb_after"])
+    assert lean["profile_top_tottime"] and ok(data["cpu_ratio_http1_vs_aiohttp"]["50"])

@@ -17,7 +17,8 @@ from typing import Any, Final, Protocol
 
 import aiohttp
 
-from pdwarden.remediation.scrape.worker_client import BodyTooLarge, read_capped
+from pdwarden.remediation.scrape.http1 import BodyTooLarge
+from pdwarden.remediation.scrape.worker_client import read_capped
 from pdwarden.values import Target
 from pdworker.contract import ADMIN_ROOMS_FAIL_PATH, FAILED_KEY
 

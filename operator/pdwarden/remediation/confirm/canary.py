@@ -37,7 +37,8 @@ from typing import Any, Final, Protocol
 
 import aiohttp
 
-from pdwarden.remediation.scrape.worker_client import BodyTooLarge, Share, read_capped
+from pdwarden.remediation.scrape.http1 import BodyTooLarge
+from pdwarden.remediation.scrape.worker_client import Share, read_capped
 from pdwarden.values import CanaryResult, Target
 
 # How long a decode gets to produce one token for a 3-token prompt. A live engine needs a few

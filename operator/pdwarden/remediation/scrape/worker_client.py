@@ -9,7 +9,9 @@ own share and nobody else's (issue 26). Every scrape has one deadline that cover
 slot, the request, the read and the parse together; the parse runs on the event loop in steps of
 a bounded number of lines (`samples.parse_steps`) and stops at the deadline, so a parse that
 misses it is cancelled, not left running. Bodies are read to EOF or to a cap (over it: an error
-naming the size, marked `refused="too_large"` so the owner object can say so).
+naming the size, marked `refused="too_large"` so the owner object can say so). Plain-http pods
+are asked through `http1` (a lean GET over a connection kept alive per pod: a scrape is the
+operator's most frequent act), https ones through aiohttp.
 
 Why steps on the loop rather than a thread pool: a parse thread competes for the same GIL as the
 loop and cannot be stopped, and a shared pool queues one tenant's parses behind another's. A
@@ -31,6 +33,7 @@ from typing import Final, TypeVar
 
 import aiohttp
 
+from pdwarden.remediation.scrape.http1 import BodyTooLarge, Http1
 from pdwarden.remediation.scrape.samples import (
     MAX_TEXT_BYTES,
     ScrapeError,
@@ -60,11 +63,6 @@ class TokenRefused(ScrapeError):
 
 
 T = TypeVar("T")
-
-
-class BodyTooLarge(ScrapeError):
-    """An answer over the byte cap: the pod cannot be judged until it serves less (or the
-    operator is given a larger --max-metrics-bytes)."""
 
 
 async def read_capped(resp: aiohttp.ClientResponse, url: str, cap: int) -> bytes:
@@ -128,7 +126,10 @@ class WorkerClient:
         connections_per_tenant: int = DEFAULT_TENANT_CONNECTIONS,
         timeout: float = DEFAULT_TIMEOUT,
         max_body: int = DEFAULT_MAX_BODY,
+        lean_http: bool = True,
     ) -> None:
+        """`lean_http` False asks plain-http pods through aiohttp too, as https ones always are
+        (bench/operator_scale.py measures the two side by side)."""
         if not 0 < max_body <= MAX_BODY_LIMIT:
             raise ValueError(f"max_body must be between 1 and {MAX_BODY_LIMIT} bytes")
         if connections_per_tenant < 1 or timeout <= 0:
@@ -139,6 +140,7 @@ class WorkerClient:
         self._shares: dict[str, Share] = {}
         self._session: aiohttp.ClientSession | None = None
         self._json: ThreadPoolExecutor | None = None
+        self._http1 = Http1() if lean_http else None
 
     def share(self, tenant: str) -> Share:
         held = self._shares.get(tenant)
@@ -161,20 +163,33 @@ class WorkerClient:
         return self._session
 
     async def close(self) -> None:
+        if self._http1 is not None:
+            await self._http1.close()
         if self._session is not None:
             await self._session.close()
         if self._json is not None:
             self._json.shutdown(wait=False, cancel_futures=True)
             self._json = None
 
-    async def _get(self, share: Share, url: str, token: str | None = None) -> bytes:
+    async def _get(
+        self, share: Share, target: Target, path: str, token: str | None = None
+    ) -> bytes:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        async with share.slots, self.session().get(url, headers=headers) as resp:
-            if resp.status in (401, 403) and token:
-                raise TokenRefused(f"{url}: HTTP {resp.status}: the admin token was refused")
-            if resp.status != 200:
-                raise ScrapeError(f"{url}: HTTP {resp.status}")
-            return await read_capped(resp, url, self.max_body)
+        url = target.base + path
+        async with share.slots:
+            if self._http1 is not None and target.scheme == "http":
+                answer = await self._http1.get(target.ip, target.port, path, self.max_body,
+                                               headers)  # fmt: skip
+                status, body = answer.status, answer.body
+            else:
+                async with self.session().get(url, headers=headers) as resp:
+                    status = resp.status
+                    body = await read_capped(resp, url, self.max_body) if status == 200 else b""
+        if status in (401, 403) and token:
+            raise TokenRefused(f"{url}: HTTP {status}: the admin token was refused")
+        if status != 200:
+            raise ScrapeError(f"{url}: HTTP {status}")
+        return body
 
     async def _rooms(self, raw: bytes) -> tuple[RoomView, ...]:
         if self._json is None:
@@ -187,13 +202,13 @@ class WorkerClient:
         share = self.share(tenant)
         try:
             async with asyncio.timeout(self.deadline):
-                body = await self._get(share, target.base + target.metrics_path)
+                body = await self._get(share, target, target.metrics_path)
                 text = body.decode("utf-8", errors="replace")
                 async with share.parsing:
                     sample = await run_stepwise(parse_steps(text, time.monotonic(), target.engine))
                 rooms = None
                 if target.rooms:
-                    raw = await self._get(share, target.base + ADMIN_ROOMS_PATH, token)
+                    raw = await self._get(share, target, ADMIN_ROOMS_PATH, token)
                     rooms = await self._rooms(raw)
             return ScrapeResult(target, sample, rooms)
         except TimeoutError:
