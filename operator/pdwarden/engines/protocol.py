@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
 from typing import Any, Final, Literal, Protocol
 
 from pdwarden.api import PDDeploymentSpec
@@ -61,13 +63,22 @@ class MetricTable:
 
     def names(self) -> frozenset[str]:
         """Every sample name the parser must keep: the cheap line filter's allow-list."""
-        return frozenset(s.name for s in self.series)
+        return self._names
 
     def by_name(self) -> Mapping[str, tuple[Series, ...]]:
+        return self._by_name
+
+    # Computed once per table (every scrape of every pod asks): the table is frozen.
+    @cached_property
+    def _names(self) -> frozenset[str]:
+        return frozenset(s.name for s in self.series)
+
+    @cached_property
+    def _by_name(self) -> Mapping[str, tuple[Series, ...]]:
         out: dict[str, list[Series]] = {}
         for s in self.series:
             out.setdefault(s.name, []).append(s)
-        return {k: tuple(v) for k, v in out.items()}
+        return MappingProxyType({k: tuple(v) for k, v in out.items()})
 
 
 def combine(series: Series, samples: Iterable[tuple[Mapping[str, str], float]]) -> float | None:
