@@ -40,6 +40,7 @@ class Server:
     answers: list[bytes | Callable[[asyncio.StreamWriter], object]]
     close_after: bool = False  # close each connection after one answer
     connections: int = 0
+    closed: asyncio.Event = field(default_factory=asyncio.Event)  # it closed a connection
     heads: list[bytes] = field(default_factory=list)
     port: int = 0
 
@@ -61,6 +62,8 @@ class Server:
             pass
         finally:
             writer.close()
+            await writer.wait_closed()
+            self.closed.set()
 
 
 @asynccontextmanager
@@ -135,7 +138,7 @@ def test_a_kept_connection_the_server_closed_while_idle_is_retried_once_on_a_new
             client = Http1()
             await client.get("127.0.0.1", s.port, "/m", CAP)
             assert client.idle == 1  # it said nothing of closing
-            await asyncio.sleep(0.05)  # the server closed it meanwhile
+            await s.closed.wait()  # the server closed it meanwhile
             assert (await client.get("127.0.0.1", s.port, "/m", CAP)).body == b"b"
             assert s.connections == 2
             await client.close()
@@ -236,7 +239,7 @@ def test_a_request_cancelled_mid_answer_closes_its_connection() -> None:
     async def slow(writer: asyncio.StreamWriter) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npart")
         await writer.drain()
-        await asyncio.sleep(10)
+        await asyncio.Event().wait()  # never answers the rest
 
     async def go() -> None:
         async with serving(Server([slow, ok(b"fresh")])) as s:
