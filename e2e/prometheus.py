@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from e2e import promtool
 from e2e.promtool import Promtool, Rules
 
 Obj = dict[str, Any]
@@ -226,3 +227,23 @@ class PrometheusServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+
+
+def pod_monitor_of_chart(helm: str) -> Obj:
+    """The chart's worker PodMonitor as `helm template` renders it (any namespace)."""
+    out = subprocess.run(
+        [helm, "template", "pdw", str(promtool.CHART), "-n", "pdw-system",
+         "--set", "metrics.podMonitor.enabled=true"],
+        check=True, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    (monitor,) = [d for d in yaml.safe_load_all(out.stdout) if d and d.get("kind") == "PodMonitor"]
+    return dict(monitor)
+
+
+def screen_server(helm: str, kubeconfig: Path, workdir: Path, port: int) -> PrometheusServer:
+    """A Prometheus scraping every worker pod the chart's PodMonitor selects, in every namespace
+    of the cluster, every SCRAPE_SECONDS: what `pdwarden run --observe prometheus` screens."""
+    server = PrometheusServer(workdir, port)
+    job = pod_monitor_config(pod_monitor_of_chart(helm), kubeconfig, workdir)
+    server.start([job], {"groups": []})
+    return server

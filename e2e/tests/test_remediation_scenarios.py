@@ -1,7 +1,10 @@
 """Remediation end to end: real pdworker pods wedge on purpose and the operator repairs them.
 
 Every scenario runs on the local control plane with real worker processes moving real KV over
-NIXL; faults are switched on through the workers' documented fault switches.
+NIXL; faults are switched on through the workers' documented fault switches. The scenarios that
+take `each_mode` run twice: the operator scraping every pod (direct), and the operator screening
+them through a real Prometheus that discovers and scrapes them as the chart's PodMonitor says
+(prometheus, `--observe prometheus`): both must find and repair the same way.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from e2e import promtool
+from e2e.cluster.controlplane import free_port
 from e2e.fixtures import Cluster, OperatorProcess
 from e2e.pdtools import (
     admin_token,
@@ -37,6 +42,7 @@ from e2e.pdtools import (
     status,
     wait_ready,
 )
+from e2e.prometheus import PrometheusServer, screen_server
 from prometheus_client import REGISTRY
 
 import pdwarden.metrics  # noqa: F401  (registers the operator's metrics in REGISTRY)
@@ -53,6 +59,39 @@ FAST = {
     "maxUnavailableDecode": 1,
 }
 SERVING = CONDITION_SERVING
+
+
+@pytest.fixture(scope="module")
+def screen(
+    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PrometheusServer]:
+    """One real Prometheus for the module's prometheus-mode operators."""
+    work = tmp_path_factory.mktemp("screen")
+    server = screen_server(cluster.helm_path, Path(cluster.kubeconfig), work, free_port())
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["direct", "prometheus"])
+def each_mode(
+    request: pytest.FixtureRequest, cluster: Cluster, namespace: str, crd: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """An operator watching only this test's namespace, in each observation mode; after the
+    test, a prometheus-mode one must have judged pods from the screen."""
+    extra: list[str] = []
+    if request.param == "prometheus":
+        server: PrometheusServer = request.getfixturevalue("screen")
+        extra = ["--observe=prometheus", f"--prometheus-url={server.url}"]
+    op = OperatorProcess(cluster, [namespace], tmp_path / "operator.log", *extra).start()
+    yield op
+    if request.param == "prometheus":
+        screened = op.metric("pdwarden_screened_pods_total", how="screened")
+        assert screened > 0, f"the operator never judged a pod from the screen; {op.log_path}"
+        queries = op.metric("pdwarden_screen_queries_total", result="ok")
+        print(f"[screen] {queries:.0f} queries, {screened:.0f} pods screened, "
+              f"{op.metric('pdwarden_screened_pods_total', how='direct'):.0f} read directly",
+              flush=True)  # fmt: skip
+    op.stop()
 
 
 def env(faults: str) -> list[dict[str, str]]:
@@ -125,7 +164,7 @@ def decode_stall_deployment(**remediation: Any) -> dict[str, Any]:
 
 
 def test_abort_race_wedge_fails_exactly_the_wedged_rooms(
-    cluster: Cluster, namespace: str, operator: OperatorProcess
+    cluster: Cluster, namespace: str, each_mode: OperatorProcess
 ) -> None:
     ns = namespace
     race = {"env": env("legacy-status-race,no-inflight-watchdog"),
@@ -177,7 +216,7 @@ def test_abort_race_wedge_fails_exactly_the_wedged_rooms(
 
 
 def test_stalled_decode_is_cordoned_restarted_and_uncordoned(
-    cluster: Cluster, namespace: str, operator: OperatorProcess
+    cluster: Cluster, namespace: str, each_mode: OperatorProcess
 ) -> None:
     ns = namespace
     apply(cluster, ns, decode_stall_deployment())
@@ -250,9 +289,9 @@ def test_dry_run_decides_and_records_but_changes_nothing(
 
 
 def test_long_prefill_is_not_a_wedge(
-    cluster: Cluster, namespace: str, operator: OperatorProcess
+    cluster: Cluster, namespace: str, each_mode: OperatorProcess
 ) -> None:
-    ns = namespace
+    ns, operator = namespace, each_mode
     # 60 one-page chunks at 100 ms: a 6 s prefill, longer than wedgeAfterSeconds (4 s).
     slow = {"args": ["--prefill-chunk-ms", "100", "--chunk-pages", "1"]}
     # Two decode pods, so the last-serving-pod protection cannot hide a false cordon.
@@ -316,9 +355,9 @@ def test_budget_limits_cordons_and_the_breaker_trips(
 
 
 def test_unreachable_metrics_are_unknown_never_acted_on(
-    cluster: Cluster, namespace: str, operator: OperatorProcess
+    cluster: Cluster, namespace: str, each_mode: OperatorProcess
 ) -> None:
-    ns = namespace
+    ns, operator = namespace, each_mode
     apply(cluster, ns, decode_stall_deployment())
     wait_ready(cluster, ns, {"prefill": "1/1", "decode": "2/2", "router": "1/1"})
     victim, _ = pods(cluster, ns, "decode")
@@ -397,7 +436,7 @@ def worker_pid(pod: dict[str, Any]) -> int:
 
 
 def test_decode_killed_mid_transfer_frees_rooms_of_the_old_incarnation(
-    cluster: Cluster, namespace: str, operator: OperatorProcess
+    cluster: Cluster, namespace: str, each_mode: OperatorProcess
 ) -> None:
     ns = namespace
     # Slow prefills keep rooms in flight; no inflight watchdog and a long peer timeout, so the

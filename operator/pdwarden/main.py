@@ -36,6 +36,7 @@ from pdwarden.k8s.foreign import ForeignPods
 from pdwarden.ports import KubeApi
 from pdwarden.reconciling.resync import ResyncGate
 from pdwarden.remediation.act.worker_admin import WorkerAdmin
+from pdwarden.remediation.scrape.prometheus import PrometheusConfig, PrometheusScreen
 from pdwarden.remediation.scrape.worker_client import DEFAULT_MAX_BODY, WorkerClient
 from pdwarden.sharding import Shard, owned_by
 from pdwarden.tokens import TokenKey
@@ -53,6 +54,7 @@ class RunConfig:
     watch_cache: bool = True  # serve pod/workload lists from watches (--no-watch-cache: off)
     operator_namespace: str | None = None  # pdwarden run --operator-namespace
     shard: Shard | None = None  # pdwarden run --shard I/N: handle only this replica's share
+    prometheus: PrometheusConfig | None = None  # pdwarden run --observe prometheus: the screen
 
 
 def exact_namespaces(namespaces: tuple[str, ...]) -> bool:
@@ -94,6 +96,7 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
         rotating = config.token_key.rotated_lately if config.token_key else None
         memo.gate = ResyncGate(cache, spacing=config.resync_seconds, rotating=rotating)
         workers, admin = WorkerClient(max_body=config.max_metrics_bytes), WorkerAdmin()
+        screen = PrometheusScreen(config.prometheus) if config.prometheus else None
         memo.state = handlers.OperatorState(
             client=kube,
             token_key=config.token_key,
@@ -101,6 +104,7 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
             workers=workers,
             admin=admin,
             operator_namespace=config.operator_namespace,
+            screen=screen,
         )
         memo.policies = policy_handlers.PolicyState(
             client=kube,
@@ -108,6 +112,7 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
             admin=admin,
             foreign=ForeignPods(client),
             global_dry_run=config.global_dry_run,
+            screen=screen,
         )
 
     @kopf.on.login(registry=registry)
@@ -174,6 +179,8 @@ def build_registry(config: RunConfig) -> kopf.OperatorRegistry:
             memo.watches.stop()
         await memo.state.workers.close()
         await memo.state.admin.close()
+        if memo.state.screen is not None:
+            await memo.state.screen.close()
 
     @kopf.on.delete(*resource, registry=registry, id=HANDLER_FORGET, optional=True, when=mine)
     async def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:

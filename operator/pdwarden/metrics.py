@@ -60,6 +60,22 @@ SCRAPE_ERRORS = Counter(
     "pdwarden_scrape_errors", "Worker scrapes that failed or returned unusable metrics."
 )
 SCRAPES = Counter("pdwarden_scrapes", "Worker pods scraped (successfully or not).")
+SCREEN_QUERIES = Counter(
+    "pdwarden_screen_queries",
+    "Prometheus screen queries (prometheus mode), by result: ok or error.",
+    ["result"],
+)
+SCREEN_SECONDS = Histogram(
+    "pdwarden_screen_seconds",
+    "Wall time of one Prometheus screen query: the request, the read and the decoding.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+SCREENED = Counter(
+    "pdwarden_screened_pods",
+    "Worker pods judged from the Prometheus screen (prometheus mode), by how: screened, "
+    "direct (a suspect, read directly) or unjudged (the screen could not tell).",
+    ["how"],
+)
 SCRAPE_CYCLE_SECONDS = Histogram(
     "pdwarden_scrape_cycle_seconds",
     "Wall time of one scrape-detect-remediate cycle of one PDDeployment.",

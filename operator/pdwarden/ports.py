@@ -20,6 +20,7 @@ from pdwarden.values import (
     PairCanary,
     PairResult,
     ScrapeResult,
+    ScreenView,
     Target,
 )
 
@@ -82,6 +83,18 @@ class WorkerApi(Protocol):
     ) -> list[ScrapeResult]: ...
 
     def forget(self, tenant: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class ScreenApi(Protocol):
+    """Prometheus as the fleet's screen (prometheus mode): what its last scrape of each pod
+    said, from one query shared by every object of the process. Never raises (but
+    cancellation); an unusable answer is the view's `error`."""
+
+    async def look(
+        self, namespace: str, targets: Sequence[Target], max_age: float
+    ) -> ScreenView: ...
 
     async def close(self) -> None: ...
 

@@ -20,8 +20,11 @@ from prometheus_client import start_http_server
 
 from pdwarden import metrics
 from pdwarden.api.status import LedgerAction
-from pdwarden.main import RunConfig, build_registry
+from pdwarden.main import RunConfig, build_registry, exact_namespaces
 from pdwarden.remediation.detect.evidence import Reason
+from pdwarden.remediation.scrape.prometheus import DEFAULT_MAX_BYTES as PROMETHEUS_MAX_BYTES
+from pdwarden.remediation.scrape.prometheus import DEFAULT_TIMEOUT as PROMETHEUS_TIMEOUT
+from pdwarden.remediation.scrape.prometheus import PrometheusConfig
 from pdwarden.remediation.scrape.worker_client import DEFAULT_MAX_BODY, MAX_BODY_LIMIT
 from pdwarden.sharding import Shard, ShardError
 from pdwarden.tokens import TokenKey, TokenKeyError
@@ -111,7 +114,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "only from there. Default: $POD_NAMESPACE, else the pod's ServiceAccount namespace; "
         "outside a cluster none (the policies then admit no operator pod)",
     )  # fmt: skip
+    screen = parser.add_argument_group(
+        "observation", "how worker pods are read: each scraped by the operator (direct), or "
+        "screened through the Prometheus that already scrapes them (prometheus; docs/operations.md)"
+    )  # fmt: skip
+    screen.add_argument(
+        "--observe", choices=("direct", "prometheus"), default="direct",
+        help="direct (default): scrape every worker pod each interval; prometheus: one query "
+        "per interval screens them all, suspects are read directly, actions rest only on "
+        "direct reads",
+    )  # fmt: skip
+    screen.add_argument("--prometheus-url", metavar="URL", help="Prometheus's base URL")
+    screen.add_argument(
+        "--prometheus-token-file", metavar="FILE",
+        help="a bearer token for Prometheus, read again for every query",
+    )  # fmt: skip
+    screen.add_argument("--prometheus-ca-file", metavar="FILE", help="CA bundle for https")
+    screen.add_argument(
+        "--prometheus-cert-file", metavar="FILE",
+        help="client certificate (mTLS), with --prometheus-key-file",
+    )  # fmt: skip
+    screen.add_argument("--prometheus-key-file", metavar="FILE", help="client key (mTLS)")
+    screen.add_argument(
+        "--prometheus-timeout", type=float, default=PROMETHEUS_TIMEOUT, metavar="SECONDS",
+        help=f"one screen query, all of it ({PROMETHEUS_TIMEOUT:g})",
+    )  # fmt: skip
+    screen.add_argument(
+        "--prometheus-max-bytes", type=int, default=PROMETHEUS_MAX_BYTES, metavar="BYTES",
+        help=f"largest screen answer read ({PROMETHEUS_MAX_BYTES})",
+    )  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def prometheus_config(args: argparse.Namespace) -> PrometheusConfig | None:
+    """The screen's configuration (--observe prometheus), or None (direct); SystemExit with
+    what is wrong."""
+    if args.observe == "direct":
+        if args.prometheus_url:
+            raise SystemExit("pdwarden run: --prometheus-url needs --observe prometheus")
+        return None
+    if not args.prometheus_url:
+        raise SystemExit("pdwarden run: --observe prometheus needs --prometheus-url")
+    exact = tuple(args.namespace) if exact_namespaces(tuple(args.namespace)) else ()
+    try:
+        return PrometheusConfig(
+            url=args.prometheus_url, token_file=args.prometheus_token_file,
+            ca_file=args.prometheus_ca_file, cert_file=args.prometheus_cert_file,
+            key_file=args.prometheus_key_file, timeout=args.prometheus_timeout,
+            max_bytes=args.prometheus_max_bytes, namespaces=exact,
+        )  # fmt: skip
+    except ValueError as e:
+        raise SystemExit(f"pdwarden run: {e}") from None
 
 
 def operator_namespace(given: str | None, fallback: Path = SERVICE_ACCOUNT_NAMESPACE) -> str | None:
@@ -134,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         token_key = TokenKey(args.token_key_file) if args.token_key_file else None
         shard = Shard.parse(args.shard) if args.shard is not None else None
+        prometheus = prometheus_config(args)
     except (TokenKeyError, ShardError) as e:
         raise SystemExit(f"pdwarden run: {e}") from None
     own_namespace = operator_namespace(args.operator_namespace)
@@ -156,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
             watch_cache=args.watch_cache,
             operator_namespace=own_namespace,
             shard=shard,
+            prometheus=prometheus,
         )
     )
     if args.metrics_port:

@@ -109,6 +109,41 @@ class ScrapeResult:
 
 
 @dataclass(frozen=True)
+class Screened:
+    """One pod as Prometheus's screen saw it (prometheus mode, `remediation.scrape.screen`): a
+    sample, or why the pod is read directly instead (`direct`), or why it cannot be judged at
+    all (`missing`: never acted on while it lasts)."""
+
+    sample: Sample | None = None
+    direct: str = ""
+    missing: str = ""
+
+
+@dataclass(frozen=True)
+class ScreenView:
+    """What one screen says of one object's pods: by pod uid, or why none (`error`: Prometheus
+    down, slow, or answering garbage or too much)."""
+
+    pods: Mapping[str, Screened] = field(default_factory=dict)
+    error: str = ""
+    source: str = ""  # where it came from, for a condition's message (Prometheus's URL)
+
+
+@dataclass(frozen=True)
+class ScreenReport:
+    """How one cycle of one object judged its pods in prometheus mode (its `Screened`
+    condition): how many the screen judged, how many were read directly, and which ones the
+    screen could not tell about (never acted on), or why it told nothing at all."""
+
+    source: str
+    pods: int
+    screened: int = 0
+    direct: int = 0
+    missing: Mapping[str, str] = field(default_factory=dict)  # pod name -> why
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class LabelPatch:
     """Set one label on one pod incarnation (guarded by uid and resourceVersion)."""
 

@@ -30,6 +30,7 @@ PolicyConditionType = Literal[
     "Wedged",
     "RemediationSuspended",
     "Advisories",
+    "Screened",
     "Conflict",
     "CordonUnavailable",
 ]

@@ -14,7 +14,7 @@ from pydantic import AwareDatetime, Field
 from pdwarden.api.base import StatusModel
 
 ConditionType = Literal[
-    "Ready", "Progressing", "Degraded", "Wedged", "RemediationSuspended", "Advisories"
+    "Ready", "Progressing", "Degraded", "Wedged", "RemediationSuspended", "Advisories", "Screened"
 ]
 CONDITION_TYPES: tuple[ConditionType, ...] = get_args(ConditionType)
 LedgerAction = Literal[
@@ -39,7 +39,10 @@ class Condition(StatusModel):
     """A metav1.Condition-shaped observation."""
 
     type: ConditionType = Field(
-        description="Ready, Progressing, Degraded, Wedged, RemediationSuspended or Advisories."
+        description=(
+            "Ready, Progressing, Degraded, Wedged, RemediationSuspended, Advisories or Screened "
+            "(prometheus mode only)."
+        )
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(

@@ -24,7 +24,7 @@ from pdwarden.api.base import StatusModel
 from pdwarden.api.status import MAX_HISTORY
 from pdwarden.constants import ANNOTATION_RESET_BREAKER, API_VERSION
 from pdwarden.k8s import ApiError, throttled_budget
-from pdwarden.ports import AdminApi, CanaryApi, KubeApi, PairCanaryApi, WorkerApi
+from pdwarden.ports import AdminApi, CanaryApi, KubeApi, PairCanaryApi, ScreenApi, WorkerApi
 from pdwarden.remediation import cycle
 from pdwarden.remediation.act.sglang_abort import PrefillAborter, SGLangAdmin
 from pdwarden.remediation.confirm.canary import Canary
@@ -89,6 +89,7 @@ def tools_for(
     canary: CanaryApi | None,
     *,
     pair: PairCanaryApi | None = None,
+    screen: ScreenApi | None = None,
 ) -> Tools:
     """The clients a kind's cycles act through. The SGLang abort reads gauges through `workers`,
     and the vLLM canary holds a slot of the same per-object shares (`scrape.worker_client`): one
@@ -97,7 +98,7 @@ def tools_for(
     shares = workers if isinstance(workers, WorkerClient) else WorkerClient()
     return Tools(
         client, workers, admin, sglang or SGLangAdmin(workers), canary or Canary(shares),
-        pair=pair or PairCanarySender(shares, workers),
+        pair=pair or PairCanarySender(shares, workers), screen=screen,
     )  # fmt: skip
 
 

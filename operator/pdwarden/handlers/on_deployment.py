@@ -24,7 +24,7 @@ from pdwarden.api import InvalidSpec, PDDeploymentSpec, PDDeploymentStatus, pars
 from pdwarden.constants import KIND
 from pdwarden.handlers.daemon import daemon_cycle, names, tools_for, vanished
 from pdwarden.k8s import ApiError, throttled_budget
-from pdwarden.ports import AdminApi, CanaryApi, KubeApi, PairCanaryApi, WorkerApi
+from pdwarden.ports import AdminApi, CanaryApi, KubeApi, PairCanaryApi, ScreenApi, WorkerApi
 from pdwarden.reconciling.reconcile import OwnerGone, PassResult, TransientError, reconcile
 from pdwarden.remediation.act.sglang_abort import PrefillAborter
 from pdwarden.remediation.act.worker_admin import WorkerAdmin
@@ -59,6 +59,7 @@ class OperatorState:
     sglang: PrefillAborter | None = None
     canary: CanaryApi | None = None  # default: on the tenant shares of `workers`
     pair: PairCanaryApi | None = None  # default: on the tenant shares of `workers`
+    screen: ScreenApi | None = None  # prometheus mode's screen (None: direct mode)
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     known: set[str] = field(default_factory=set)
     # UIDs of objects found deleted behind kopf's back (`handlers.daemon.vanished`): their
@@ -79,7 +80,13 @@ class OperatorState:
         self.key = TokenKey.of(self.token_key)
         self.kind = DeploymentKind(self.client, self.key)
         self.tools = tools_for(
-            self.client, self.workers, self.admin, self.sglang, self.canary, pair=self.pair
+            self.client,
+            self.workers,
+            self.admin,
+            self.sglang,
+            self.canary,
+            pair=self.pair,
+            screen=self.screen,
         )
 
     def lock_for(self, uid: str) -> asyncio.Lock:

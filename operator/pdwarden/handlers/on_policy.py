@@ -21,7 +21,15 @@ from pdwarden.api import InvalidSpec, PDRemediationPolicyStatus, parse_policy_sp
 from pdwarden.constants import POLICY_KIND
 from pdwarden.handlers.daemon import daemon_cycle, names, tools_for
 from pdwarden.k8s.event_sink import post_event
-from pdwarden.ports import AdminApi, CanaryApi, ForeignPodApi, KubeApi, PairCanaryApi, WorkerApi
+from pdwarden.ports import (
+    AdminApi,
+    CanaryApi,
+    ForeignPodApi,
+    KubeApi,
+    PairCanaryApi,
+    ScreenApi,
+    WorkerApi,
+)
 from pdwarden.remediation.act.sglang_abort import PrefillAborter
 from pdwarden.remediation.act.worker_admin import WorkerAdmin
 from pdwarden.remediation.kinds.policy_kind import PolicyKind, effective_policy_spec
@@ -43,6 +51,7 @@ class PolicyState:
     sglang: PrefillAborter | None = None
     canary: CanaryApi | None = None  # default: on the tenant shares of `workers`
     pair: PairCanaryApi | None = None  # default: on the tenant shares of `workers`
+    screen: ScreenApi | None = None  # prometheus mode's screen (None: direct mode)
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     statuses: StatusCache[PDRemediationPolicyStatus] = field(init=False)
     kind: PolicyKind = field(init=False)
@@ -58,7 +67,13 @@ class PolicyState:
         self.statuses = StatusCache(POLICY, self.client)
         self.kind = PolicyKind(self.client, self.foreign)
         self.tools = tools_for(
-            self.client, self.workers, self.admin, self.sglang, self.canary, pair=self.pair
+            self.client,
+            self.workers,
+            self.admin,
+            self.sglang,
+            self.canary,
+            pair=self.pair,
+            screen=self.screen,
         )
 
     def lock_for(self, uid: str) -> asyncio.Lock:

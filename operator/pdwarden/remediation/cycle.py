@@ -16,7 +16,6 @@ are named after the entry, so a second post is refused by the API server, never 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import os
@@ -30,8 +29,7 @@ from typing import Any, Generic, Literal
 from pdwarden import metrics
 from pdwarden.api import LedgerEntry, PDDeploymentStatus
 from pdwarden.constants import ANNOTATION_RESET_BREAKER
-from pdwarden.ports import WorkerApi
-from pdwarden.remediation import recovery
+from pdwarden.remediation import observing, recovery
 from pdwarden.remediation.act import worker_admin
 from pdwarden.remediation.act.done import Done, skipped
 from pdwarden.remediation.confirmation import confirm, confirm_pairs
@@ -46,9 +44,6 @@ from pdwarden.remediation.events import (
 )
 from pdwarden.remediation.memory import (
     DeploymentMemory,
-    Observation,
-    WorkerPod,
-    observation,
     pod_views,
     remember,
 )
@@ -65,7 +60,6 @@ from pdwarden.remediation.seams import (
     Journal,
     Kind,
     Round,
-    Seen,
     SeenT,
     SpecT,
     StatusT,
@@ -87,6 +81,11 @@ Obj = Mapping[str, Any]
 # have changed since it looked; the next cycle looks again.
 EVIDENCE_INTERVALS = 2
 EVIDENCE_FLOOR = 5.0
+# Prometheus mode: a pod whose last scrape by Prometheus is older than this many scrape
+# intervals cannot be judged from the screen (a lagging Prometheus). With Prometheus scraping
+# every interval and an answer reused for half of one, a screened sample is at most ~1.5
+# intervals old: inside memory's 2.5 (`memory.STALE_AFTER_INTERVALS`).
+SCREEN_INTERVALS = 3
 
 
 def evidence_limit(interval: float) -> float:
@@ -126,13 +125,23 @@ async def run(
     advisories = advise(seen.advised(), spec.engine)
     await announce_advisories(tools.client, body, mem, advisories)
     lost = lost_pods(seen.pods, r.now)  # unknown, whatever they answer (node_lost.py)
-    observations = await scrape_all(tools.workers, seen, lost)
-    evidence_at = time.monotonic()
     interval = rem.scrape_interval_seconds
-    remember(mem, list(observations.values()), rem.wedge_after_seconds + 3 * interval)
+    observed = await observing.observe(tools, seen, lost, mem, SCREEN_INTERVALS * interval)
+    observations = observed.observations
+    evidence_at = time.monotonic()
+    keep = rem.wedge_after_seconds + 3 * interval
+    remember(mem, list(observations.values()), keep)
     await announce_refused(tools.client, body, mem, seen.workers, observations)
     views = pod_views(seen.workers, observations, mem, time.monotonic(), interval)
     detection = detect(views, rem.wedge_after_seconds)
+    if observed.screened:  # prometheus mode: what detection found is read again, directly
+        checked = await observing.verify(
+            tools, seen, observed, detection, mem, lost=lost, keep_seconds=keep,
+            interval=interval, wedge_after=rem.wedge_after_seconds,
+        )  # fmt: skip
+        if checked is not None:
+            detection, views = checked
+            evidence_at = time.monotonic()
     stale = {v.name for v in views if v.stale} | set(seen.unjudged) | set(lost)
     shared = kind.shared_status(previous)
     history = merge_history(history_of(shared), mem.unrecorded)
@@ -177,36 +186,6 @@ async def run(
     metrics.WEDGED_ROOMS.labels(*labels).set(detection.wedged_rooms)
     clear = reset_at == r.now and ANNOTATION_RESET_BREAKER in annotations
     return CycleResult(detection, decision, settled + done, status, clear)
-
-
-async def scrape_all(
-    workers: WorkerApi, seen: Seen, lost: Mapping[str, str] | None = None
-) -> dict[str, Observation]:
-    """Scrape every pod of one tenant (its own share of the client); one pod's failure,
-    whatever it is, is that pod's error only. A pod on a lost node is not asked: its
-    observation is the reason it cannot be judged (not a scrape error)."""
-    lost = lost or {}
-
-    async def one(w: WorkerPod) -> Observation:
-        if w.name in lost:
-            return Observation(w.uid, error=sanitize.error(lost[w.name]))
-        try:
-            token = seen.token if w.rooms else None  # only a pod with an admin API gets it
-            target = seen.targets[w.uid]
-            (res,) = await workers.scrape([target], token, seen.tenant)
-            if res.auth_refused and seen.fallback_token:  # it has not read a rotated token yet
-                (res,) = await workers.scrape([target], seen.fallback_token, seen.tenant)
-            return observation(w.uid, res.sample, res.rooms, res.error, res.refused)
-        except Exception as e:  # contained per pod: the pod is stale this cycle, nothing else
-            metrics.ERRORS.labels("scrape").inc()
-            why = sanitize.error(f"{type(e).__name__}: {sanitize.why(e)}")
-            return Observation(w.uid, error=why)
-
-    results = await asyncio.gather(*(one(w) for w in seen.workers))
-    asked = [o for w, o in zip(seen.workers, results, strict=True) if w.name not in lost]
-    metrics.SCRAPES.inc(len(asked))
-    metrics.SCRAPE_ERRORS.inc(sum(1 for o in asked if o.sample is None))
-    return {o.uid: o for o in results}
 
 
 async def execute(

@@ -158,20 +158,32 @@ def observation(
 
 
 def remember(
-    mem: DeploymentMemory, observations: Sequence[Observation], keep_seconds: float
+    mem: DeploymentMemory,
+    observations: Sequence[Observation],
+    keep_seconds: float,
+    *,
+    forget: bool = True,
 ) -> None:
-    """Fold this cycle's observations into the per-pod history; forget pods no longer scraped."""
+    """Fold this cycle's observations into the per-pod history; forget pods no longer scraped
+    (unless `forget` is False: a second read of some pods in the same cycle). A sample no newer
+    than the pod's latest is nothing new (Prometheus's screen repeats its last scrape of a pod
+    until it scrapes it again, and a direct read may be newer than it): it is not kept."""
     alive = {o.uid for o in observations}
     for uid in list(mem.pods):
-        if uid not in alive:
+        if forget and uid not in alive:
             del mem.pods[uid]
-    mem.warm_pairs = {
-        (p, d) for p, d in mem.warm_pairs if p.split("/")[0] in alive and d.split("/")[0] in alive
-    }
+    if forget:
+        mem.warm_pairs = {
+            (p, d) for p, d in mem.warm_pairs
+            if p.split("/")[0] in alive and d.split("/")[0] in alive
+        }  # fmt: skip
     for o in observations:
         pm = mem.pods.setdefault(o.uid, PodMemory())
         if o.sample is None:
             pm.last_error = o.error
+            continue
+        if pm.samples and o.sample.at <= pm.samples[-1].at:
+            pm.last_error = None
             continue
         pm.last_error = None
         pm.last_ok = o.sample.at

@@ -16,14 +16,14 @@ from datetime import UTC, datetime
 from typing import Any, Generic, Protocol, TypeVar
 
 from pdwarden.api import HeldBack, LedgerEntry, PDDeploymentStatus, RemediationSpec
-from pdwarden.ports import AdminApi, CanaryApi, KubeApi, PairCanaryApi, WorkerApi
+from pdwarden.ports import AdminApi, CanaryApi, KubeApi, PairCanaryApi, ScreenApi, WorkerApi
 from pdwarden.remediation.act.done import Done
 from pdwarden.remediation.act.sglang_abort import PrefillAborter
 from pdwarden.remediation.decide import Plan, PlannedAction, PodState
 from pdwarden.remediation.detect.advisories import PodAdvice
 from pdwarden.remediation.detect.rules import Detection
 from pdwarden.remediation.memory import DeploymentMemory, WorkerPod
-from pdwarden.values import Target
+from pdwarden.values import ScreenReport, Target
 
 Obj = Mapping[str, Any]
 
@@ -44,6 +44,8 @@ class Seen:
     # The admin token a rotation replaced, asked with when a worker refuses `token` (it has not
     # read its new one yet); None when nothing was rotated.
     fallback_token: str | None = None
+    # Prometheus mode: how this cycle's screen judged the pods (its `Screened` condition).
+    screen: ScreenReport | None = None
 
     def target(self, pod: str) -> Target | None:
         return next((t for t in self.targets.values() if t.pod == pod), None)
@@ -126,6 +128,7 @@ class Tools:
     sglang: PrefillAborter
     canary: CanaryApi  # the confirm stage's one-token probe of a vLLM decode
     pair: PairCanaryApi | None = None  # the confirm stage's pair canary (None: none sent)
+    screen: ScreenApi | None = None  # prometheus mode's screen (None: direct mode)
 
 
 def now_utc() -> datetime:

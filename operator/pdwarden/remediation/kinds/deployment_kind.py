@@ -207,7 +207,7 @@ class DeploymentKind:
         return cycle_status(
             previous=previous, policy=spec.remediation, generation=generation,
             detection=detection, decision=decision, history=history, decodes=decodes, now=now,
-            reset_at=reset_at, advisories=advisories,
+            reset_at=reset_at, advisories=advisories, screen=seen.screen,
         )  # fmt: skip
 
 

@@ -265,7 +265,7 @@ class PolicyKind:
             previous=previous, spec=spec, scope=seen.scope, cordon=seen.check,
             detection=detection, decision=decision, history=history, decodes=decodes,
             held_back=seen.held, done=done, now=now, reset_at=reset_at, generation=generation,
-            advisories=advisories,
+            advisories=advisories, screen=seen.screen,
         )  # fmt: skip
 
 

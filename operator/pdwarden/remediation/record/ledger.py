@@ -45,11 +45,13 @@ from pdwarden.remediation.detect.advisories import PodAdvice
 from pdwarden.remediation.detect.evidence import Finding
 from pdwarden.remediation.detect.rules import Detection
 from pdwarden.remediation.scrape import sanitize
-from pdwarden.values import CanaryCost
+from pdwarden.values import CanaryCost, ScreenReport
 
 S = TypeVar("S")  # a kind's status: PDDeploymentStatus, PDRemediationPolicyStatus
 SUSPENDED: Final = "RemediationSuspended"
 ADVISORIES: Final = "Advisories"
+SCREENED: Final = "Screened"
+MAX_SCREEN_MESSAGE: Final = 1024
 
 
 def breaker_reset_at(
@@ -199,10 +201,12 @@ def cycle_status(
     now: datetime,
     reset_at: datetime | None,
     advisories: Sequence[PodAdvice] = (),
+    screen: ScreenReport | None = None,
 ) -> PDDeploymentStatus:
     """The status after a cycle: `history` is the ledger including this cycle's entries;
     `advisories` are this cycle's configuration advisories (a condition of their own, which
-    nothing else reads)."""
+    nothing else reads); `screen`, in prometheus mode, how the pods were judged (the Screened
+    condition; direct mode has none)."""
     history = list(history)[-MAX_HISTORY:]
     cordoned = [
         CordonRecord(pod=d.name, since=d.cordoned_since)
@@ -234,6 +238,12 @@ def cycle_status(
         conditions, ADVISORIES, status=found, reason=why, message=text, now=now,
         generation=generation,
     )  # fmt: skip
+    if screen is not None:
+        ok, why, text = screen_condition(screen)
+        conditions = set_condition(
+            conditions, SCREENED, status=ok, reason=why, message=text, now=now,
+            generation=generation,
+        )  # fmt: skip
     before = next((c for c in previous.conditions if c.type == SUSPENDED), None)
     if state.open and before is not None and before.status == "True":
         # Keep the generation it tripped at, so a spec change is what resets it.
@@ -250,6 +260,33 @@ def cycle_status(
             "remediation": remediation,
             "phase": phase_of(conditions, invalid=previous.phase == "Failed"),
         }
+    )
+
+
+def screen_condition(report: ScreenReport) -> tuple[bool, str, str]:
+    """The Screened condition: True while Prometheus vouches for every pod the object covers;
+    False, naming the pods and why, while some are not judged (no action on them)."""
+    if report.error:
+        return False, "PrometheusUnavailable", sanitize.text(
+            f"Prometheus ({report.source}) gave no usable answer: {report.error}; none of the "
+            f"{report.pods} worker pod(s) is judged or acted on until it does", MAX_SCREEN_MESSAGE,
+        )  # fmt: skip
+    if report.missing:
+        lag = all("last scraped" in why for why in report.missing.values())
+        shown = "; ".join(f"{pod}: {why}" for pod, why in sorted(report.missing.items())[:8])
+        more = len(report.missing) - 8
+        return False, "PrometheusLagging" if lag else "PrometheusPartial", sanitize.text(
+            f"{len(report.missing)} of {report.pods} worker pod(s) not judged or acted on, "
+            f"the screen cannot tell about them: {shown}" + (f"; and {more} more" if more > 0
+            else ""), MAX_SCREEN_MESSAGE,
+        )  # fmt: skip
+    return (
+        True,
+        "Screened",
+        (
+            f"{report.pods} worker pod(s) screened by Prometheus ({report.source}); "
+            f"{report.direct} read directly this cycle (suspects)"
+        ),
     )
 
 

@@ -31,6 +31,7 @@ from pdwarden.remediation.detect.rules import Detection
 from pdwarden.remediation.policy.cordon import CordonCheck
 from pdwarden.remediation.policy.scope import Scope, conflict_message, is_cordoned
 from pdwarden.remediation.record.ledger import cycle_status
+from pdwarden.values import ScreenReport
 
 
 def _set(
@@ -183,6 +184,7 @@ def policy_cycle_status(
     reset_at: datetime | None,
     generation: int | None,
     advisories: Sequence[PodAdvice] = (),
+    screen: ScreenReport | None = None,
 ) -> PDRemediationPolicyStatus:
     """The policy's status after one cycle: the PDDeployment's wedges, ledger, Wedged,
     RemediationSuspended and Advisories (ledger.cycle_status), selection (pods, refusals,
@@ -190,7 +192,7 @@ def policy_cycle_status(
     shared = cycle_status(
         previous=as_deployment_status(previous), policy=spec.remediation, generation=generation,
         detection=detection, decision=decision, history=history, decodes=decodes, now=now,
-        reset_at=reset_at, advisories=advisories,
+        reset_at=reset_at, advisories=advisories, screen=screen,
     )  # fmt: skip
     updated: dict[str, PolicyCondition] = {
         c.type: PolicyCondition.model_validate(c.model_dump()) for c in shared.conditions

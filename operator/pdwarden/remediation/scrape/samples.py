@@ -63,21 +63,34 @@ def parse_steps(text: str, at: float, engine: str | None = None) -> Steps[Sample
         raise ScrapeError(f"metrics body too large ({len(text)} bytes)")
     if text and not text.endswith("\n"):
         raise ScrapeError("metrics body does not end with a newline (cut short?)")
-    adapter = engines.metrics(engine)
-    by_name = adapter.by_name()
-    found = yield from series_steps(text, adapter.names() | {pdw.INCARNATION_INFO})
+    found = yield from series_steps(text, wanted_names(engine))
+    return sample_of(found, at, engine)
+
+
+def wanted_names(engine: str | None = None) -> frozenset[str]:
+    """The series names a Sample is made of: the engine's (or every engine's) and pdworker's
+    incarnation."""
+    return frozenset(engines.metrics(engine).names() | {pdw.INCARNATION_INFO})
+
+
+def sample_of(found: Found, at: float, engine: str | None = None) -> Sample:
+    """The Sample the series `found` (by name, as `read_series` returns them) make; raise
+    ScrapeError if none of them is usable. Shared by the text parser and the Prometheus screen
+    (`scrape.screen`), so a pod reads the same whoever scraped it."""
+    by_name = engines.metrics(engine).by_name()
+    found = {name: samples for name, samples in found.items() if samples}
     incarnation: str | None = None
     for labels, value in found.pop(pdw.INCARNATION_INFO, []):
         if value == 1:
             incarnation = labels.get("incarnation") or incarnation
     for name, samples in found.items():
         for labels, value in samples:
-            if not math.isfinite(value) and any(s.matches(labels) for s in by_name[name]):
+            if not math.isfinite(value) and any(s.matches(labels) for s in by_name.get(name, ())):
                 # NaN never compares as stuck and +Inf overflows int(): neither is a length.
                 raise ScrapeError(f"{name} is not a finite number ({value})")
     values: dict[str, Any] = {}
     for name, samples in found.items():
-        for series in by_name[name]:
+        for series in by_name.get(name, ()):
             v = engines.combine(series, samples)
             if v is not None:
                 values[series.target] = values.get(series.target, 0.0) + v

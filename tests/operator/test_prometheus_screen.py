@@ -1,0 +1,159 @@
+"""scrape.prometheus: the process's one reader of Prometheus, against an HTTP server on loopback
+that answers as scripted (garbage, slowly, hugely, with an error status) and counts what it was
+asked. A real Prometheus answering the same query: tests/install/test_prometheus_screen.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from pdwarden.remediation.scrape.prometheus import PrometheusConfig, PrometheusScreen
+from pdwarden.remediation.scrape.screen import SCRAPED_AT
+from pdwarden.values import Target
+from pdworker import contract as pdw
+
+POD = Target("pd-decode-0", "u1", "decode", "10.0.0.7", 8000, engine="pdworker")
+
+
+def good(at: float = 1_800_000_000.0) -> dict[str, Any]:
+    where = {"namespace": "ns", "pod": "pd-decode-0", "instance": "10.0.0.7:8000", "job": "j"}
+    result = [
+        {"metric": {"__name__": pdw.DECODE_RUNNING, **where}, "value": [at, "2"]},
+        {"metric": {"__name__": "up", **where}, "value": [at, "1"]},
+        {"metric": {"__name__": SCRAPED_AT, **where}, "value": [at, str(at - 1)]},
+    ]
+    return {"status": "success", "data": {"resultType": "vector", "result": result}}
+
+
+Handler = Callable[[web.Request], Any]
+
+
+@asynccontextmanager
+async def prometheus(handler: Handler) -> AsyncIterator[tuple[str, list[dict[str, str]]]]:
+    asked: list[dict[str, str]] = []
+
+    async def query(request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        asked.append({"query": str(form.get("query")),
+                      "auth": request.headers.get("Authorization", "")})  # fmt: skip
+        result: web.StreamResponse = await handler(request)
+        return result
+
+    app = web.Application()
+    app.router.add_post("/api/v1/query", query)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}", asked
+    finally:
+        await runner.cleanup()
+
+
+def answering(data: Any, status: int = 200, delay: float = 0.0) -> Handler:
+    async def handler(_: web.Request) -> web.Response:
+        await asyncio.sleep(delay)
+        body = data if isinstance(data, bytes) else json.dumps(data).encode()
+        return web.Response(body=body, status=status, content_type="application/json")
+
+    return handler
+
+
+def test_one_query_serves_every_object_that_asks_within_a_sixth_of_its_max_age(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+
+    async def main() -> None:
+        async with prometheus(answering(good())) as (url, asked):
+            screen = PrometheusScreen(
+                PrometheusConfig(url, token_file=str(token), namespaces=("ns", "other"))
+            )
+            views = await asyncio.gather(*(screen.look("ns", [POD], 10.0) for _ in range(50)))
+            assert len(asked) == 1  # fifty objects, one query
+            assert asked[0]["auth"] == "Bearer s3cret"
+            assert 'namespace=~"ns|other"' in asked[0]["query"]
+            sample = views[0].pods["u1"].sample
+            assert sample is not None and sample.running == 2 and not views[0].error
+            await screen.look("ns", [POD], 10.0)
+            assert len(asked) == 1  # within 10/6 s of it: the same answer
+            await screen.look("ns", [POD], 0.001)
+            assert len(asked) == 2  # an object that needs fresher asks again
+            await screen.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("handler", "why"),
+    [
+        (answering(b"<html>proxy error</html>"), "not JSON"),
+        (answering({"status": "error", "error": "many-to-many"}), "many-to-many"),
+        (answering({"status": "error"}, status=503), "HTTP 503"),
+        (answering(good(), delay=2.0), "no answer within 0.5s"),
+        (answering(b" " * 5000), "over the 4096-byte cap"),
+        (
+            answering({"status": "success", "data": {"resultType": "vector", "result": [1]}}),
+            "not an object",
+        ),
+    ],
+)
+def test_an_unusable_answer_leaves_every_pod_unjudged_and_says_why(
+    handler: Handler, why: str
+) -> None:
+    async def main() -> None:
+        async with prometheus(handler) as (url, _):
+            screen = PrometheusScreen(PrometheusConfig(url, timeout=0.5, max_bytes=4096))
+            view = await screen.look("ns", [POD], 10.0)
+            assert view.pods == {} and why in view.error and view.source == url
+            await screen.close()
+
+    asyncio.run(main())
+
+
+def test_a_down_prometheus_is_asked_once_per_period_not_once_per_object() -> None:
+    async def main() -> None:
+        async with prometheus(answering({}, status=500)) as (url, asked):
+            screen = PrometheusScreen(PrometheusConfig(url))
+            views = await asyncio.gather(*(screen.look("ns", [POD], 10.0) for _ in range(20)))
+            assert len(asked) == 1 and all("HTTP 500" in v.error for v in views)
+            await screen.close()
+        closed = PrometheusScreen(PrometheusConfig(url))  # nobody listens there any more
+        view = await closed.look("ns", [POD], 10.0)
+        assert view.error and view.pods == {}
+        await closed.close()
+
+    asyncio.run(main())
+
+
+def test_an_unreadable_token_file_is_an_answer_error_not_a_crash(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with prometheus(answering(good())) as (url, asked):
+            screen = PrometheusScreen(PrometheusConfig(url, token_file=str(tmp_path / "nope")))
+            view = await screen.look("ns", [POD], 10.0)
+            assert "nope" in view.error and asked == []
+            await screen.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "why"),
+    [
+        ({"url": "prometheus:9090"}, "http"),
+        ({"url": "http://p", "timeout": 0}, "positive"),
+        ({"url": "http://p", "cert_file": "c.pem"}, "needs its key"),
+    ],
+)
+def test_a_wrong_configuration_is_refused_before_anything_runs(kwargs: Any, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        PrometheusConfig(**kwargs)
