@@ -163,4 +163,4 @@ def test_the_query_asks_for_every_name_and_only_the_operators_namespaces() -> No
     q = query(["b_total", "a"], ["team-a", "team.b"])
     assert q.startswith('{__name__=~"a|b_total",namespace=~"team-a|team\\\\.b"}')
     assert f'"__name__", "{SCRAPED_AT}"' in q and "timestamp(up{namespace=~" in q
-    assert query(["a"]).startswith('{__name__=~"a"} or up{} or')
+    assert query(["a"]).startswith('{__name__=~"a"} or label_replace(up{}, "pdwarden_screen"')

@@ -32,8 +32,12 @@ from pdwarden.values import Screened, Target
 # the time of its last scrape (`timestamp(up)`, renamed so the two come back in one answer).
 UP: Final = "up"
 SCRAPED_AT: Final = "pdwarden_scraped_at"
+# Set on the two series the query adds: `or` keeps a right-hand series only if no left-hand one
+# has its labels (the name aside), and a pod's `up` has exactly the labels of its unlabelled
+# engine series, so without it Prometheus would drop `up` and the scrape time.
+MARK: Final = "pdwarden_screen"
 # Labels Prometheus gives a target: they say whose a series is, never what it measures.
-TARGET_LABELS: Final = frozenset({"__name__", "namespace", "pod", "instance", "job"})
+TARGET_LABELS: Final = frozenset({"__name__", "namespace", "pod", "instance", "job", MARK})
 MAX_ANSWER_SERIES: Final = 1_000_000  # of one answer: 5000 pods x 200 series
 MAX_PODS: Final = 100_000
 
@@ -79,9 +83,12 @@ def query(names: Iterable[str], namespaces: Iterable[str] = ()) -> str:
     scope = "|".join(sorted(_promql_regex(n) for n in namespaces))
     only = f',namespace=~"{scope}"' if scope else ""
     wanted = "|".join(sorted(_promql_regex(n) for n in names))
+    up = f"{UP}{{{only.lstrip(',')}}}"
+    scraped = f'label_replace(timestamp({up}), "__name__", "{SCRAPED_AT}", "", "")'
     return (
-        f'{{__name__=~"{wanted}"{only}}} or {UP}{{{only.lstrip(",")}}} or '
-        f'label_replace(timestamp({UP}{{{only.lstrip(",")}}}), "__name__", "{SCRAPED_AT}", "", "")'
+        f'{{__name__=~"{wanted}"{only}}}'
+        f' or label_replace({up}, "{MARK}", "{UP}", "", "")'
+        f' or label_replace({scraped}, "{MARK}", "{SCRAPED_AT}", "", "")'
     )
 
 
