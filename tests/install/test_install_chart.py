@@ -16,7 +16,7 @@ import yaml
 
 from pdwarden.constants import WORKER_PORT
 from pdwarden.remediation.scrape.worker_client import DEFAULT_MAX_BODY, MAX_BODY_LIMIT
-from pdwarden.run import add_arguments
+from pdwarden.run import add_arguments, prometheus_config
 
 from .chart_helpers import CHART, KUBE_VERSION, ROOT, Helm, find, operator_args
 
@@ -47,6 +47,12 @@ COMBINATIONS: dict[str, list[str]] = {
         "rbac.create=false,serviceAccount.create=false,serviceAccount.name=ops",
     ],
     "no-policies": ["--set", "policies.enabled=false"],
+    "prometheus-mode-mtls": [
+        "--set",
+        "observation.mode=prometheus,observation.prometheus.url=https://prom:9090,"
+        "observation.prometheus.bearerTokenSecret=prom-token,"
+        "observation.prometheus.tlsSecret=prom-tls,observation.prometheus.mutualTLS=true",
+    ],
     "policy-secrets-namespaced": [
         "--set",
         "watchNamespaces={a},policies.adminTokenSecrets={sgl-admin}",
@@ -118,6 +124,32 @@ def test_the_metrics_body_cap_is_a_value_the_operator_accepts(helm: Helm) -> Non
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert parser.parse_args([flag]).max_metrics_bytes == MAX_BODY_LIMIT
+
+
+def test_prometheus_mode_passes_flags_the_operator_accepts_and_mounts_its_secrets(
+    helm: Helm,
+) -> None:
+    objs = helm.objects(*COMBINATIONS["prometheus-mode-mtls"])
+    args = operator_args(objs)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    parsed = parser.parse_args([a for a in args if a.startswith("--")])
+    config = prometheus_config(parsed)
+    assert config is not None and config.url == "https://prom:9090"
+    files = (config.token_file, config.ca_file, config.cert_file, config.key_file)
+    assert files == (
+        "/etc/pdwarden/prometheus-token/token", "/etc/pdwarden/prometheus-tls/ca.crt",
+        "/etc/pdwarden/prometheus-tls/tls.crt", "/etc/pdwarden/prometheus-tls/tls.key",
+    )  # fmt: skip
+    (dep,) = find(objs, "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    for path in files:
+        volume = mounts[str(Path(path).parent)]
+        assert secrets[volume] in ("prom-token", "prom-tls")
+    # direct, the default: no flag at all (the operator's default is direct).
+    assert not [a for a in operator_args(helm.objects()) if "prometheus" in a or "observe" in a]
 
 
 def test_rbac_has_no_wildcards_and_never_reads_secrets(helm: Helm) -> None:
@@ -275,6 +307,12 @@ BAD_VALUES: list[tuple[list[str], str]] = [
     (["--set", "networkPolicy.enabled=true"], "networkPolicy.enabled needs"),
     (["--set", "shard=2/2"], "must be INDEX/COUNT with 0 <= INDEX < COUNT"),
     (["--set", "shard=half"], "at '/shard': 'half' does not match"),
+    (["--set", "observation.mode=prometheus"], "observation.prometheus.url is required"),
+    (["--set", "observation.mode=scrape"], "at '/observation/mode'"),
+    (
+        ["--set", "observation.mode=prometheus,observation.prometheus.url=prom:9090"],
+        "at '/observation/prometheus/url'",
+    ),
     (
         ["--set", "networkPolicy.enabled=true,watchNamespaces={a}"],
         "networkPolicy.enabled needs networkPolicy.extraFrom",

@@ -69,7 +69,9 @@ def answering(data: Any, status: int = 200, delay: float = 0.0) -> Handler:
     return handler
 
 
-def test_one_query_serves_every_object_that_asks_within_a_sixth_of_its_max_age(tmp_path: Path) -> None:
+def test_one_query_serves_every_object_that_asks_within_a_sixth_of_its_max_age(
+    tmp_path: Path,
+) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret\n")
 
