@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from e2e.apicount import Kubectl, OperatorIdentity, by_verb, rates
-from e2e.cluster.controlplane import LocalCluster, build_binaries
+from e2e.cluster.controlplane import LocalCluster, build_binaries, free_port
 from e2e.fixtures import Cluster
 from e2e.kubelet.kwok import KwokNodes, loopback_cidrs
 from e2e.lws import LwsController
+from e2e.prometheus import PrometheusServer, pod_monitor_config, pod_monitor_of_chart
 
 from bench import common
 from bench._fleet_env import (
@@ -66,6 +67,7 @@ class FleetRig:
         self.extra: dict[str, Any] = {}
         self.rev = 0
         self.n = 0
+        self.prometheus: PrometheusServer | None = None
 
     # -- the world -------------------------------------------------------------------------
 
@@ -100,7 +102,29 @@ class FleetRig:
             assert self.lws.proc is not None
             self.lws_pid = self.lws.proc.pid
 
+    def start_prometheus(self) -> None:
+        """A real Prometheus scraping every worker pod the chart's PodMonitor selects, every
+        INTERVAL, discovering them through the API server."""
+        work = self.dir / "prometheus"
+        work.mkdir(exist_ok=True)
+        bin_dir = build_binaries()
+        job = pod_monitor_config(pod_monitor_of_chart(str(bin_dir / "helm")),
+                                 Path(self.local.kubeconfig), work)  # fmt: skip
+        job |= {"scrape_interval": f"{INTERVAL:g}s", "scrape_timeout": f"{INTERVAL / 2:g}s"}
+        self.prometheus = PrometheusServer(work, free_port())
+        self.prometheus.start([job], {"groups": []})
+
+    def prometheus_cpu(self) -> float:
+        proc = self.prometheus.proc if self.prometheus else None
+        return cpu_seconds(proc.pid) if proc else 0.0
+
+    def prometheus_rss(self) -> float:
+        proc = self.prometheus.proc if self.prometheus else None
+        return rss_mb(proc.pid) if proc else 0.0
+
     def teardown(self) -> None:
+        if self.prometheus is not None:
+            self.prometheus.stop()
         parts = [getattr(self, k, None) for k in ("local", "kwok", "lws", "sim", "operator")]
         with stopping(*[p for p in parts if p is not None]):
             if hasattr(self, "identity"):

@@ -50,6 +50,7 @@ from bench._fleet_rig import log
 def run(
     quick: bool, out: Path, readme: Path | None, *, baseline: bool = True,
     sizes: tuple[int, ...] = (), with_lws: bool = True, lws_rollout: bool = False,
+    observe: str = "both",
 ) -> dict[str, Any]:  # fmt: skip
     started = time.monotonic()
     load_before = report.load()
@@ -68,6 +69,8 @@ def run(
         fleet.extra["wedge"] = fleet.wedge()
         fleet.extra["hostile"] = fleet.hostile(last["steady"])
         fleet.extra["profile"] = fleet.profile()
+        if observe != "direct":
+            fleet.extra["prometheus_mode"] = fleet.screened()
     finally:
         fleet.teardown()
     data = {
@@ -94,12 +97,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lws-rollout", action="store_true",
                    help="also roll every LeaderWorkerSet out (slow: LWS replaces one group of "
                         "each at a time; 9 min for 10 of them in the first quick run)")  # fmt: skip
+    p.add_argument("--observe", choices=("both", "direct"), default="both",
+                   help="both (default): at the largest size, the steady window and the wedge "
+                        "again in prometheus mode, beside a real Prometheus")  # fmt: skip
     a = p.parse_args(argv)
     sizes = tuple(int(x) for x in a.sizes.split(",") if x)
     readme = a.readme or (common.README if a.out.resolve() == common.DEFAULT_OUT.resolve()
                           else None)  # fmt: skip
     data = run(a.quick, a.out, readme, baseline=not a.no_baseline, sizes=sizes,
-               with_lws=not a.skip_lws, lws_rollout=a.lws_rollout)  # fmt: skip
+               with_lws=not a.skip_lws, lws_rollout=a.lws_rollout, observe=a.observe)  # fmt: skip
     print(json.dumps(data["goals"], indent=1))
 
 

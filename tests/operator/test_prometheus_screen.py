@@ -69,7 +69,7 @@ def answering(data: Any, status: int = 200, delay: float = 0.0) -> Handler:
     return handler
 
 
-def test_one_query_serves_every_object_that_asks_within_a_sixth_of_its_max_age(
+def test_one_query_serves_every_object_that_asks_within_a_third_of_its_max_age(
     tmp_path: Path,
 ) -> None:
     token = tmp_path / "token"
@@ -87,7 +87,7 @@ def test_one_query_serves_every_object_that_asks_within_a_sixth_of_its_max_age(
             sample = views[0].pods["u1"].sample
             assert sample is not None and sample.running == 2 and not views[0].error
             await screen.look("ns", [POD], 10.0)
-            assert len(asked) == 1  # within 10/6 s of it: the same answer
+            assert len(asked) == 1  # within 10/3 s of it: the same answer
             await screen.look("ns", [POD], 0.001)
             assert len(asked) == 2  # an object that needs fresher asks again
             await screen.close()

@@ -83,8 +83,8 @@ EVIDENCE_INTERVALS = 2
 EVIDENCE_FLOOR = 5.0
 # Prometheus mode: a pod whose last scrape by Prometheus is older than this many scrape
 # intervals cannot be judged from the screen (a lagging Prometheus). With Prometheus scraping
-# every interval and an answer reused for half of one, a screened sample is at most ~1.5
-# intervals old: inside memory's 2.5 (`memory.STALE_AFTER_INTERVALS`).
+# every interval and an answer reused for one (`scrape.prometheus.REUSE`), a screened sample is
+# at most ~2 intervals old: inside memory's 2.5 (`memory.STALE_AFTER_INTERVALS`).
 SCREEN_INTERVALS = 3
 
 

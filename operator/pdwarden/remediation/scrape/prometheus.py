@@ -39,8 +39,8 @@ DEFAULT_TIMEOUT: Final = 5.0
 # 5000 pods' series of the names pdwarden reads come to ~15 MB of JSON (bench/fleet.py).
 DEFAULT_MAX_BYTES: Final = 128 * 1024 * 1024
 # An answer serves every object that asks within this share of the age its pods' scrapes may
-# reach (`cycle.SCREEN_INTERVALS`: 3 intervals): half an interval.
-REUSE: Final = 1 / 6
+# reach (`cycle.SCREEN_INTERVALS`: 3 intervals): one interval, so one query per interval.
+REUSE: Final = 1 / 3
 # The monotonic clock is re-anchored on Prometheus's only when they drift further apart.
 CLOCK_SLACK: Final = 1.0
 
