@@ -110,7 +110,9 @@ class FleetRig:
         bin_dir = build_binaries()
         job = pod_monitor_config(pod_monitor_of_chart(str(bin_dir / "helm")),
                                  Path(self.local.kubeconfig), work)  # fmt: skip
-        job |= {"scrape_interval": f"{INTERVAL:g}s", "scrape_timeout": f"{INTERVAL / 2:g}s"}
+        # Prometheus reads whole units only ("2.5s" is refused): milliseconds.
+        job |= {"scrape_interval": f"{int(INTERVAL * 1000)}ms",
+                "scrape_timeout": f"{int(INTERVAL * 500)}ms"}  # fmt: skip
         self.prometheus = PrometheusServer(work, free_port())
         self.prometheus.start([job], {"groups": []})
 
