@@ -88,7 +88,7 @@ class Fleet(FleetRig):
         return row
 
     def settle(self) -> float:
-        """Wait (up to 600 s) until the operator applies almost nothing (at most one object per
+        """Wait (up to 300 s) until the operator applies almost nothing (at most one object per
         10 deployments per 2 intervals): a window opened while the last phase's backlog still
         drains measures the backlog (seen at 200: token Secrets re-created at 11/s, 254 status
         conflicts in 60 s)."""
@@ -100,7 +100,7 @@ class Fleet(FleetRig):
             time.sleep(2 * INTERVAL)
             return total(op.metrics(), "pdwarden_objects_applied_total") - before
 
-        while (got := applied()) > bound and time.monotonic() - t0 < 600:
+        while (got := applied()) > bound and time.monotonic() - t0 < 300:
             log(f"settling: {got:.0f} objects applied in {2 * INTERVAL} s (bound {bound:.0f})")
         return round(time.monotonic() - t0, 1)
 

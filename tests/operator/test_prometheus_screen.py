@@ -23,12 +23,12 @@ from pdworker import contract as pdw
 POD = Target("pd-decode-0", "u1", "decode", "10.0.0.7", 8000, engine="pdworker")
 
 
-def good(at: float = 1_800_000_000.0) -> dict[str, Any]:
+def good(at: float = 1_800_000_000.0, age: float = 1.0) -> dict[str, Any]:
     where = {"namespace": "ns", "pod": "pd-decode-0", "instance": "10.0.0.7:8000", "job": "j"}
     result = [
         {"metric": {"__name__": pdw.DECODE_RUNNING, **where}, "value": [at, "2"]},
         {"metric": {"__name__": "up", **where}, "value": [at, "1"]},
-        {"metric": {"__name__": SCRAPED_AT, **where}, "value": [at, str(at - 1)]},
+        {"metric": {"__name__": SCRAPED_AT, **where}, "value": [at, str(at - age)]},
     ]
     return {"status": "success", "data": {"resultType": "vector", "result": result}}
 
@@ -159,3 +159,30 @@ def test_an_unreadable_token_file_is_an_answer_error_not_a_crash(tmp_path: Path)
 def test_a_wrong_configuration_is_refused_before_anything_runs(kwargs: Any, why: str) -> None:
     with pytest.raises(ValueError, match=why):
         PrometheusConfig(**kwargs)
+
+
+def test_a_slow_query_does_not_hold_cycles_while_a_good_answer_is_young_enough() -> None:
+    """Past a third of `max_age` a new query goes out; until it is answered, the held answer
+    serves (its pods' own ages are still checked), so no cycle waits on a 20 MB answer."""
+    answers = iter([(good(1_800_000_000.0, 0.0), 0.0), (good(1_800_000_009.0, 0.0), 1.5)])
+
+    async def handler(_: web.Request) -> web.Response:
+        data, delay = next(answers)
+        await asyncio.sleep(delay)
+        return web.json_response(data)
+
+    async def main() -> None:
+        async with prometheus(handler) as (url, asked):
+            screen = PrometheusScreen(PrometheusConfig(url))
+            first = await screen.look("ns", [POD], 30.0)
+            await asyncio.sleep(1.1)
+            started = asyncio.get_running_loop().time()
+            held = await screen.look("ns", [POD], 3.0)  # past a third of 3 s, inside 3 s
+            assert asyncio.get_running_loop().time() - started < 0.5  # not the 1.5 s query
+            assert held.pods["u1"].sample == first.pods["u1"].sample  # the held answer
+            await asyncio.sleep(1.6)  # the slow query has been answered meanwhile
+            new = await screen.look("ns", [POD], 30.0)
+            assert new.pods["u1"].sample != first.pods["u1"].sample and len(asked) == 2
+            await screen.close()
+
+    asyncio.run(main())

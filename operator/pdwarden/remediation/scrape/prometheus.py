@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import math
 import ssl
 import time
 from collections.abc import Sequence
@@ -35,6 +37,7 @@ from pdwarden.remediation.scrape.screen import Screen, ScreenError, look_up, que
 from pdwarden.remediation.scrape.worker_client import read_capped
 from pdwarden.values import ScreenView, Target
 
+log = logging.getLogger("pdwarden.remediation.screen")
 DEFAULT_TIMEOUT: Final = 5.0
 # 5000 pods' series of the names pdwarden reads come to ~15 MB of JSON (bench/fleet.py).
 DEFAULT_MAX_BYTES: Final = 128 * 1024 * 1024
@@ -101,13 +104,19 @@ class PrometheusScreen:
         return ScreenView(pods, source=source)
 
     async def answer(self, max_age: float) -> Answer:
-        """The latest answer if it is younger than REUSE of `max_age`, else a new one (one
-        query at a time, whoever asks)."""
+        """The latest answer if it is younger than REUSE of `max_age`; else a new one is asked
+        for (one query at a time, whoever asks), and while it runs a good answer younger than
+        `max_age` is served without waiting: a slow query (a 5000-pod answer is ~20 MB) must not
+        hold every cycle of the process. Each pod's own scrape age is checked against `max_age`
+        anyway (`screen.look_up`), so an older answer can only leave pods unjudged."""
         held = self._answer
-        if held is not None and time.monotonic() - held.at < max_age * REUSE:
+        age = math.inf if held is None else time.monotonic() - held.at
+        if held is not None and age < max_age * REUSE:
             return held
         if self._asking is None or self._asking.done():
             self._asking = asyncio.create_task(self._ask())
+        if held is not None and held.screen is not None and age < max_age:
+            return held
         return await asyncio.shield(self._asking)
 
     async def _ask(self) -> Answer:
@@ -130,6 +139,12 @@ class PrometheusScreen:
                 self._offset = offset
             answer = Answer(asked, screen)
         metrics.SCREEN_QUERIES.labels("ok" if answer.screen else "error").inc()
+        before = self._answer
+        if answer.error and (before is None or before.error != answer.error):
+            log.warning("Prometheus screen (%s): %s; pods go unjudged until it answers",
+                        self.config.url, answer.error)  # fmt: skip
+        elif answer.screen is not None and before is not None and before.error:
+            log.warning("Prometheus screen (%s) answers again", self.config.url)
         metrics.SCREEN_SECONDS.observe(time.monotonic() - asked)
         self._answer = answer
         return answer
