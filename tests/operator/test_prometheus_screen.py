@@ -20,11 +20,11 @@ from pdwarden.remediation.scrape.screen import SCRAPED_AT
 from pdwarden.values import Target
 from pdworker import contract as pdw
 
-POD = Target("pd-decode-0", "u1", "decode", "10.0.0.7", 8000, engine="pdworker")
+POD = Target("pd-decode-0", "u1", "decode", "10.0.0.7", 9400, engine="pdworker")
 
 
 def good(at: float = 1_800_000_000.0, age: float = 1.0) -> dict[str, Any]:
-    where = {"namespace": "ns", "pod": "pd-decode-0", "instance": "10.0.0.7:8000", "job": "j"}
+    where = {"namespace": "ns", "pod": "pd-decode-0", "instance": "10.0.0.7:9400", "job": "j"}
     result = [
         {"metric": {"__name__": pdw.DECODE_RUNNING, **where}, "value": [at, "2"]},
         {"metric": {"__name__": "up", **where}, "value": [at, "1"]},

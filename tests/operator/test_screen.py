@@ -27,11 +27,11 @@ from pdworker.metrics import WorkerMetrics
 
 NAMES = wanted_names()
 EVAL = 1_800_000_000.0
-PREFILL = Target("pd-prefill-0", "u1", "prefill", "10.0.0.5", 8000, engine="pdworker")
+PREFILL = Target("pd-prefill-0", "u1", "prefill", "10.0.0.5", 9400, engine="pdworker")
 
 
 def series(name: str, value: float, *, pod: str = "pd-prefill-0", ns: str = "ns",
-           instance: str = "10.0.0.5:8000", job: str = "podMonitor/ns/pd/0",
+           instance: str = "10.0.0.5:9400", job: str = "podMonitor/ns/pd/0",
            **labels: str) -> dict[str, Any]:  # fmt: skip
     metric = {"__name__": name, "namespace": ns, "pod": pod, "instance": instance, "job": job}
     return {"metric": {**metric, **labels}, "value": [EVAL, repr(float(value))]}
@@ -84,9 +84,9 @@ def test_another_namespace_or_pod_or_address_is_never_read_as_this_pod() -> None
     got = look_up(screen, "ns", PREFILL, max_age=10, offset=0)
     assert got.sample is not None and got.sample.inflight_queue == 0
     # A reused name at a new address (a new incarnation Prometheus has not found yet): unread.
-    moved = Target("pd-prefill-0", "u2", "prefill", "10.0.0.9", 8000, engine="pdworker")
+    moved = Target("pd-prefill-0", "u2", "prefill", "10.0.0.9", 9400, engine="pdworker")
     got = look_up(screen, "ns", moved, max_age=10, offset=0)
-    assert got.sample is None and "not its address 10.0.0.9:8000" in got.missing
+    assert got.sample is None and "not its address 10.0.0.9:9400" in got.missing
 
 
 def test_a_pod_prometheus_could_not_scrape_or_two_jobs_hold_is_read_directly() -> None:

@@ -25,11 +25,9 @@ from pdwarden.remediation.scrape import sanitize
 from pdwarden.values import CanaryCost, RoomView, Sample
 
 Obj = Mapping[str, Any]
-# A pod whose last good scrape is older than this many scrape intervals is stale.
-STALE_AFTER_INTERVALS: Final = 2.5
+STALE_AFTER_INTERVALS: Final = 2.5  # a pod whose last good scrape is older is stale
 WORKER_ROLES: Final = (ROLE_PREFILL, ROLE_DECODE)
-# Canary effects kept per pod: more than fit in a history window at the shortest canary period.
-MAX_CANARY_EFFECTS: Final = 256
+MAX_CANARY_EFFECTS: Final = 256  # per pod: more than a history window holds at any canary period
 # How long after a canary ended its increments may still show up in a pod's counters
 # (`organic`): two scrapes at the default interval.
 SETTLE_SECONDS: Final = 10.0
@@ -158,34 +156,26 @@ def observation(
 
 
 def remember(
-    mem: DeploymentMemory,
-    observations: Sequence[Observation],
-    keep_seconds: float,
-    *,
+    mem: DeploymentMemory, observations: Sequence[Observation], keep_seconds: float, *,
     forget: bool = True,
-) -> None:
+) -> None:  # fmt: skip
     """Fold this cycle's observations into the per-pod history; forget pods no longer scraped
-    (unless `forget` is False: a second read of some pods in the same cycle). A sample no newer
-    than the pod's latest is nothing new (Prometheus's screen repeats its last scrape of a pod
-    until it scrapes it again, and a direct read may be newer than it): it is not kept."""
+    (`forget` False: a second read of some pods in one cycle). A sample no newer than the pod's
+    latest is not kept: Prometheus's screen repeats a scrape until its next one."""
     alive = {o.uid for o in observations}
     for uid in list(mem.pods):
         if forget and uid not in alive:
             del mem.pods[uid]
     if forget:
-        mem.warm_pairs = {
-            (p, d) for p, d in mem.warm_pairs
-            if p.split("/")[0] in alive and d.split("/")[0] in alive
-        }  # fmt: skip
+        mem.warm_pairs = {w for w in mem.warm_pairs if {k.split("/")[0] for k in w} <= alive}
     for o in observations:
         pm = mem.pods.setdefault(o.uid, PodMemory())
         if o.sample is None:
             pm.last_error = o.error
             continue
-        if pm.samples and o.sample.at <= pm.samples[-1].at:
-            pm.last_error = None
-            continue
         pm.last_error = None
+        if pm.samples and o.sample.at <= pm.samples[-1].at:
+            continue
         pm.last_ok = o.sample.at
         if pm.inflight_empty_at is None or o.sample.queue("inflight_queue") <= 0:
             pm.inflight_empty_at = o.sample.at
@@ -282,10 +272,8 @@ def attribute_peers(
     rooms: Sequence[RoomView], decode_ips: Mapping[str, str]
 ) -> tuple[RoomView, ...]:
     """Name each room's decode peer from the address the prefill verified, never from the
-    peer's own word: a room whose verified address is one of our decode pods' IPs is that
-    pod's; one whose address is no current decode pod's is attributed to the bare address (it
-    can match no pod, so it is judged gone and can get no pod cordoned); one with no verified
-    address has no peer at all."""
+    peer's word: our decode pod at that IP, else the bare address (it matches no pod: judged
+    gone, gets nobody cordoned); no verified address, no peer."""
     out = []
     for r in rooms:
         if r.peer_ip is None:

@@ -44,14 +44,13 @@ from pdwarden.remediation.detect import advisories as advice
 from pdwarden.remediation.detect.advisories import PodAdvice
 from pdwarden.remediation.detect.evidence import Finding
 from pdwarden.remediation.detect.rules import Detection
+from pdwarden.remediation.record.screened import SCREENED, screen_condition
 from pdwarden.remediation.scrape import sanitize
 from pdwarden.values import CanaryCost, ScreenReport
 
 S = TypeVar("S")  # a kind's status: PDDeploymentStatus, PDRemediationPolicyStatus
 SUSPENDED: Final = "RemediationSuspended"
 ADVISORIES: Final = "Advisories"
-SCREENED: Final = "Screened"
-MAX_SCREEN_MESSAGE: Final = 1024
 
 
 def breaker_reset_at(
@@ -260,33 +259,6 @@ def cycle_status(
             "remediation": remediation,
             "phase": phase_of(conditions, invalid=previous.phase == "Failed"),
         }
-    )
-
-
-def screen_condition(report: ScreenReport) -> tuple[bool, str, str]:
-    """The Screened condition: True while Prometheus vouches for every pod the object covers;
-    False, naming the pods and why, while some are not judged (no action on them)."""
-    if report.error:
-        return False, "PrometheusUnavailable", sanitize.text(
-            f"Prometheus ({report.source}) gave no usable answer: {report.error}; none of the "
-            f"{report.pods} worker pod(s) is judged or acted on until it does", MAX_SCREEN_MESSAGE,
-        )  # fmt: skip
-    if report.missing:
-        lag = all("last scraped" in why for why in report.missing.values())
-        shown = "; ".join(f"{pod}: {why}" for pod, why in sorted(report.missing.items())[:8])
-        more = len(report.missing) - 8
-        return False, "PrometheusLagging" if lag else "PrometheusPartial", sanitize.text(
-            f"{len(report.missing)} of {report.pods} worker pod(s) not judged or acted on, "
-            f"the screen cannot tell about them: {shown}" + (f"; and {more} more" if more > 0
-            else ""), MAX_SCREEN_MESSAGE,
-        )  # fmt: skip
-    return (
-        True,
-        "Screened",
-        (
-            f"{report.pods} worker pod(s) screened by Prometheus ({report.source}); "
-            f"{report.direct} read directly this cycle (suspects)"
-        ),
     )
 
 

@@ -98,9 +98,9 @@ class PrometheusScreen:
         if answer.screen is None or self._offset is None:
             return ScreenView(error=answer.error or "no answer yet", source=source)
         screen, offset = answer.screen, self._offset
-        pods = {
-            t.uid: look_up(screen, namespace, t, max_age=max_age, offset=offset) for t in targets
-        }
+        # A held answer has aged since it was asked: its pods' scrapes have too.
+        left = max_age - (time.monotonic() - answer.at)
+        pods = {t.uid: look_up(screen, namespace, t, max_age=left, offset=offset) for t in targets}
         return ScreenView(pods, source=source)
 
     async def answer(self, max_age: float) -> Answer:
