@@ -80,14 +80,9 @@ class OperatorState:
         self.key = TokenKey.of(self.token_key)
         self.kind = DeploymentKind(self.client, self.key)
         self.tools = tools_for(
-            self.client,
-            self.workers,
-            self.admin,
-            self.sglang,
-            self.canary,
-            pair=self.pair,
+            self.client, self.workers, self.admin, self.sglang, self.canary, pair=self.pair,
             screen=self.screen,
-        )
+        )  # fmt: skip
 
     def lock_for(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())

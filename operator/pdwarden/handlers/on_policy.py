@@ -67,14 +67,9 @@ class PolicyState:
         self.statuses = StatusCache(POLICY, self.client)
         self.kind = PolicyKind(self.client, self.foreign)
         self.tools = tools_for(
-            self.client,
-            self.workers,
-            self.admin,
-            self.sglang,
-            self.canary,
-            pair=self.pair,
+            self.client, self.workers, self.admin, self.sglang, self.canary, pair=self.pair,
             screen=self.screen,
-        )
+        )  # fmt: skip
 
     def lock_for(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())

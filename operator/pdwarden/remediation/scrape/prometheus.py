@@ -16,7 +16,6 @@ unjudged and says why in each object's `Screened` condition.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import ssl
@@ -32,7 +31,7 @@ import aiohttp
 from pdwarden import metrics
 from pdwarden.remediation.scrape import sanitize
 from pdwarden.remediation.scrape.http1 import BodyTooLarge
-from pdwarden.remediation.scrape.samples import wanted_names
+from pdwarden.remediation.scrape.samples import json_answer, wanted_names
 from pdwarden.remediation.scrape.screen import Screen, ScreenError, look_up, query, read_answer
 from pdwarden.remediation.scrape.worker_client import read_capped
 from pdwarden.values import ScreenView, Target
@@ -150,13 +149,7 @@ class PrometheusScreen:
         return answer
 
     def _decode(self, raw: bytes) -> Screen:
-        try:
-            data = json.loads(raw)
-        except RecursionError:
-            raise ScreenError("Prometheus's answer is nested too deeply") from None
-        except ValueError as e:
-            raise ScreenError(f"Prometheus's answer is not JSON: {e}") from None
-        return read_answer(data, self.names)
+        return read_answer(json_answer(raw, "Prometheus's answer", ScreenError), self.names)
 
     async def _get(self) -> bytes:
         cfg = self.config

@@ -12,6 +12,7 @@ unusable becomes a `ScrapeError`, never an exception that reaches a handler.
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 import re
 import string
@@ -217,6 +218,17 @@ def _sample_line(line: str, pos: int) -> tuple[dict[str, str], float]:
         return labels, float(rest[0])
     except ValueError:
         raise _BadLine(f"value {rest[0][:32]!r} is not a number") from None
+
+
+def json_answer(raw: bytes, what: str, error: type[ValueError] = ScrapeError) -> Any:
+    """`raw` decoded as JSON; anything else (or nesting past the recursion limit) is `error`
+    naming `what`."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise error(f"{what} is nested too deeply") from None
+    except ValueError as e:
+        raise error(f"{what} is not JSON: {e}") from None
 
 
 def parse_rooms(data: Any) -> list[RoomView]:

@@ -24,7 +24,6 @@ holds the isolation).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +37,7 @@ from pdwarden.remediation.scrape.samples import (
     MAX_TEXT_BYTES,
     ScrapeError,
     Steps,
+    json_answer,
     parse_rooms,
     parse_steps,
 )
@@ -87,13 +87,7 @@ async def read_capped(resp: aiohttp.ClientResponse, url: str, cap: int) -> bytes
 
 def parse_rooms_body(body: bytes) -> tuple[RoomView, ...]:
     """Decode and validate a GET /admin/rooms answer (runs on the JSON threads)."""
-    try:
-        data = json.loads(body)
-    except RecursionError:
-        raise ScrapeError("admin rooms answer nested too deeply") from None
-    except ValueError as e:
-        raise ScrapeError(f"admin rooms answer is not JSON: {e}") from None
-    return tuple(parse_rooms(data))
+    return tuple(parse_rooms(json_answer(body, "admin rooms answer")))
 
 
 async def run_stepwise(steps: Steps[T]) -> T:
