@@ -34,6 +34,7 @@ from kubernetes import config as k8s_config
 
 from pdwarden.constants import LABEL_DEPLOYMENT, LABEL_ROLE, WORKER_PORT
 from pdwarden.k8s.watching import Batch, Watcher, WatchTarget
+from pdworker.contract import PREFILL_INFLIGHT_OLDEST, PREFILL_INFLIGHT_QUEUE
 from pdworker.metrics import WorkerMetrics
 
 ROLES = ("prefill", "decode")
@@ -49,6 +50,15 @@ def body(role: str) -> bytes:
     for v in (0.002, 0.01, 0.05):
         m.kv_seconds.observe(v)
     return m.render()
+
+
+def wedged(body: bytes, age: float) -> bytes:
+    """`body` with one room in the inflight queue, `age` seconds old (as pdworker reports it)."""
+    for name, value in ((PREFILL_INFLIGHT_QUEUE, 1.0), (PREFILL_INFLIGHT_OLDEST, age)):
+        line = f"\n{name} 0.0\n".encode()
+        assert line in body, name
+        body = body.replace(line, f"\n{name} {value}\n".encode())
+    return body
 
 
 def huge_body(role: str) -> bytes:
@@ -142,6 +152,8 @@ class Sim:
         if mode == "slow":
             await asyncio.sleep(seconds)
         data = self.huge[role] if mode == "huge" else self.bodies[role]
+        if self._rooms(ip):  # a pdworker's inflight gauges count the room its rooms list shows
+            data = wedged(data, time.time() - self.wedge.injected)  # type: ignore[union-attr]
         return web.Response(body=data, content_type="text/plain")
 
     def _rooms(self, ip: str) -> list[dict[str, Any]]:
