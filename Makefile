@@ -78,7 +78,7 @@ bench: $(STAMP) cluster-bin  ## benchmarks; results in bench/results and bench/R
 
 # QUICK=1: 10 PDDeployments (and 10 LeaderWorkerSets) of 25 pods, < 10 min on 2 cores. Full: 10, 50
 # and 200 of them (5000 pods each side), 40-80 min. py-spy (PyPI) profiles the operator.
-bench-fleet: $(STAMP) cluster-bin lws-bin  ## the operator at fleet scale on kwok beside LWS; bench/results/fleet[-quick].json
+bench-fleet: $(STAMP) cluster-bin lws-bin prometheus-bin  ## the operator at fleet scale on kwok beside LWS, then in prometheus mode beside a real Prometheus; bench/results/fleet[-quick].json
 	@test -x $(BIN)/py-spy || $(BIN)/python -m pip install --quiet py-spy
 	$(BIN)/python -m bench.fleet $(if $(QUICK),--quick)
 
