@@ -68,6 +68,7 @@ async def observe(
     view = await tools.screen.look(seen.namespace, [seen.targets[w.uid] for w in asked], max_age)
     looks = {w.uid: view.pods.get(w.uid) or Screened(missing="not asked") for w in asked}
     direct: set[str] = set()
+    screened: set[str] = set()
     out: dict[str, Observation] = {}
     missing: dict[str, str] = {}
     if view.error:
@@ -87,7 +88,7 @@ async def observe(
                 direct.add(w.uid)
             else:
                 out[w.uid] = Observation(w.uid, sample=look.sample)
-    screened = set(out) - {w.uid for w in asked if w.name in missing}
+                screened.add(w.uid)
     gone = {w.uid for w in seen.workers if w.name in lost}  # not asked: their reason is kept
     out.update(await scrape_direct(tools.workers, seen, lost, only=direct | gone))
     seen.screen = ScreenReport(
